@@ -1,0 +1,23 @@
+module github.com/infradev/infradev
+
+go 1.26.8
+
+require (
+	github.com/bluekeyes/go-gitdiff v0.9.0
+	github.com/gofrs/flock v0.13.2
+	github.com/google/go-containerregistry v0.22.1
+	github.com/joshdk/go-junit v1.0.0
+	github.com/opencontainers/runtime-spec v1.3.0
+	github.com/spf13/cobra v1.10.2
+	golang.org/x/sys v0.49.0
+	gopkg.in/yaml.v3 v3.0.1
+)
+
+require (
+	github.com/inconshreveable/mousetrap v1.1.0 // indirect
+	github.com/klauspost/compress v1.19.2 // indirect
+	github.com/opencontainers/go-digest v1.0.0 // indirect
+	github.com/opencontainers/image-spec v1.1.1 // indirect
+	github.com/spf13/pflag v1.0.10 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+)

@@ -1,0 +1,125 @@
+// Package cli owns the infradev command line: one file per command, output through each
+// command's writers, machine-readable output beside the human one, documented exit codes.
+//
+// Exit codes: 0 success (run-task: resolved); 1 a verdict or check failed (not resolved, a
+// validation violation); 2 bad usage or a bad spec file; 3 an infrastructure fault.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"github.com/infradev/infradev/harness/image"
+	"github.com/infradev/infradev/harness/runner"
+	"github.com/infradev/infradev/harness/sandbox"
+	"github.com/infradev/infradev/harness/specfile"
+	"github.com/infradev/infradev/harness/unpack"
+)
+
+// Version is the harness version. It is part of every result's cache key: change it whenever
+// grading or the attempt procedure changes.
+const Version = "infradev/0.1.0"
+
+// Exit codes.
+const (
+	ExitOK     = 0
+	ExitFailed = 1
+	ExitUsage  = 2
+	ExitInfra  = 3
+)
+
+// ExitError carries an exit code to main.
+type ExitError struct {
+	Code int
+	Err  error
+}
+
+func (e *ExitError) Error() string { return e.Err.Error() }
+func (e *ExitError) Unwrap() error { return e.Err }
+
+func exitf(code int, format string, args ...any) error {
+	return &ExitError{Code: code, Err: fmt.Errorf(format, args...)}
+}
+
+// globals are the flags every command shares.
+type globals struct {
+	store string
+	cache string
+}
+
+// Execute runs the command line and returns the process exit code.
+func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cmd := NewRoot()
+	cmd.SetArgs(args)
+	cmd.SetOut(stdout)
+	cmd.SetErr(stderr)
+	err := cmd.ExecuteContext(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	var ee *ExitError
+	if errors.As(err, &ee) {
+		if ee.Err != nil && ee.Err.Error() != "" {
+			fmt.Fprintln(stderr, "infradev:", ee.Err)
+		}
+		return ee.Code
+	}
+	var se specfile.Errors
+	if errors.As(err, &se) {
+		fmt.Fprintln(stderr, se.Error())
+		return ExitUsage
+	}
+	fmt.Fprintln(stderr, "infradev:", err)
+	return ExitUsage
+}
+
+// NewRoot builds the command tree.
+func NewRoot() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:           "infradev",
+		Short:         "Score coding-agent patches on AI-infrastructure tasks, hermetically",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Long: `infradev builds content-addressed task environments, runs submissions in a sandbox
+(apply the patch, run the official tests, run the hidden probes) and reports verdicts.
+
+Exit codes: 0 success (run-task: resolved); 1 not resolved or a check failed;
+2 bad usage or spec; 3 infrastructure fault.`,
+	}
+	root.PersistentFlags().StringVar(&g.store, "store", envOr("INFRADEV_STORE", ".infradev/store"),
+		"image store: the OCI layout and step cache (env INFRADEV_STORE)")
+	root.PersistentFlags().StringVar(&g.cache, "cache", envOr("INFRADEV_CACHE", ".infradev/cache"),
+		"local cache: unpacked layers, sandbox state and scratch (env INFRADEV_CACHE)")
+	root.AddCommand(newEnvCmd(g), newRunTaskCmd(g), newEvalCmd(g), newValidateCmd(g))
+	return root
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func (g *globals) imageStore() image.Store { return image.Store{Dir: g.store} }
+
+// runner wires the attempt runner: runc sandbox, unpack cache, scratch space.
+func (g *globals) runner() (*runner.Runner, error) {
+	cache, err := filepath.Abs(g.cache)
+	if err != nil {
+		return nil, err
+	}
+	return &runner.Runner{
+		Sandbox: &sandbox.Runc{Binary: envOr("INFRADEV_RUNTIME", "runc"), StateDir: filepath.Join(cache, "sandbox")},
+		Cache:   unpack.Cache{Dir: filepath.Join(cache, "unpacked")},
+		Scratch: filepath.Join(cache, "scratch"),
+		Harness: Version,
+	}, nil
+}

@@ -1,0 +1,109 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"github.com/infradev/infradev/harness/atomicfile"
+	"github.com/infradev/infradev/harness/probe"
+	"github.com/infradev/infradev/harness/report"
+	"github.com/infradev/infradev/harness/result"
+	"github.com/infradev/infradev/harness/runner"
+	"github.com/infradev/infradev/harness/task"
+)
+
+func newRunTaskCmd(g *globals) *cobra.Command {
+	var o struct {
+		task, probes, layout, image, patch, out, instance, model string
+		asJSON                                                   bool
+	}
+	cmd := &cobra.Command{
+		Use:   "run-task",
+		Short: "Run one submission on one task and grade it",
+		Long: `Run one attempt: apply the patch inside the task's environment, put the official tests
+in place, run them, run the probes, and grade. Every input is a file. The run folder (--out)
+receives result.json, junit.xml, raw JUnit reports and logs; junit.xml is also written to
+$XML_OUTPUT_FILE when that is set (as under bazel test).
+
+Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec; 3 infrastructure fault.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			t, err := task.Load(o.task)
+			if err != nil {
+				return err
+			}
+			ps, err := probe.Load(o.probes, t.ID)
+			if err != nil {
+				return err
+			}
+			patch, err := os.ReadFile(o.patch)
+			if err != nil {
+				return exitf(ExitUsage, "reading patch: %v", err)
+			}
+			layout, err := filepath.Abs(o.layout)
+			if err != nil {
+				return err
+			}
+			r, err := g.runner()
+			if err != nil {
+				return err
+			}
+			res, err := r.Run(cmd.Context(), runner.Inputs{Task: t, Probes: ps, Layout: layout, Image: o.image,
+				Patch: patch, InstanceID: o.instance, Model: o.model}, o.out)
+			if err != nil {
+				return exitf(ExitInfra, "%v", err)
+			}
+			var junit bytes.Buffer
+			if err := report.WriteJUnit(&junit, []*result.Result{res}); err != nil {
+				return err
+			}
+			if err := atomicfile.Write(filepath.Join(o.out, "junit.xml"), junit.Bytes()); err != nil {
+				return exitf(ExitInfra, "%v", err)
+			}
+			if x := os.Getenv("XML_OUTPUT_FILE"); x != "" {
+				if err := atomicfile.Write(x, junit.Bytes()); err != nil {
+					return exitf(ExitInfra, "%v", err)
+				}
+			}
+			if o.asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				if err := enc.Encode(res); err != nil {
+					return err
+				}
+			} else {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", res.InstanceID, report.Verdict(res))
+				if res.Reason != "" {
+					fmt.Fprintf(cmd.OutOrStdout(), "  %s\n", res.Reason)
+				}
+			}
+			switch {
+			case res.Resolved:
+				return nil
+			case result.IsSubmissionFailure(res.FailureClass):
+				return &ExitError{Code: ExitFailed, Err: fmt.Errorf("")}
+			default:
+				return &ExitError{Code: ExitInfra, Err: fmt.Errorf("%s: %s", res.FailureClass, res.Reason)}
+			}
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.task, "task", "", "task directory (holds task.yaml)")
+	f.StringVar(&o.probes, "probes", "", "probes directory (holds probes.yaml)")
+	f.StringVar(&o.layout, "layout", "", "OCI image layout holding the environment")
+	f.StringVar(&o.image, "image", "", "manifest digest of the environment image (sha256:...)")
+	f.StringVar(&o.patch, "patch", "", "the submission: a unified diff file (may be empty)")
+	f.StringVar(&o.out, "out", "", "run folder to write")
+	f.StringVar(&o.instance, "instance-id", "", "instance id to record (default: the task id)")
+	f.StringVar(&o.model, "model", "", "model name to record")
+	f.BoolVar(&o.asJSON, "json", false, "print result.json instead of the verdict line")
+	for _, name := range []string{"task", "probes", "layout", "image", "patch", "out"} {
+		_ = cmd.MarkFlagRequired(name)
+	}
+	return cmd
+}

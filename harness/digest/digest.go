@@ -1,0 +1,67 @@
+// Package digest owns the content digests that key images, steps and results: sha256 over
+// exact bytes, and over directory trees in a canonical walk (names, kinds, execute bits,
+// contents; never timestamps or owners).
+package digest
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// Bytes returns "sha256:<hex>" of b.
+func Bytes(b []byte) string {
+	s := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(s[:])
+}
+
+// Tree returns "sha256:<hex>" over the tree at dir, walked in lexical order.
+func Tree(dir string) (string, error) {
+	h := sha256.New()
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		switch {
+		case fi.IsDir():
+			fmt.Fprintf(h, "d %q\n", rel)
+		case fi.Mode()&fs.ModeSymlink != 0:
+			t, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(h, "l %q %q\n", rel, t)
+		case fi.Mode().IsRegular():
+			f, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			fh := sha256.New()
+			if _, err := io.Copy(fh, f); err != nil {
+				return err
+			}
+			fmt.Fprintf(h, "f %q %t %x\n", rel, fi.Mode().Perm()&0o111 != 0, fh.Sum(nil))
+		default:
+			return fmt.Errorf("%s: unsupported file type %s", p, fi.Mode().Type())
+		}
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("hashing %s: %w", dir, err)
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}

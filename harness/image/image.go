@@ -1,0 +1,336 @@
+// Package image owns building environments into content-addressed OCI images. Every image lives
+// in one OCI image layout inside a Store, so a layer shared by many images is stored once.
+// Each layer is keyed by its parent's key and its step's definition and inputs; a rebuild
+// runs only the steps whose key changed.
+package image
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/gofrs/flock"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/match"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/partial"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/infradev/infradev/harness/atomicfile"
+	"github.com/infradev/infradev/harness/digest"
+	"github.com/infradev/infradev/harness/envspec"
+)
+
+// RefAnnotation is the OCI annotation that names an image in the layout.
+const RefAnnotation = "org.opencontainers.image.ref.name"
+
+// Store is a directory holding the OCI layout (oci/), the step cache (steps/) and scratch
+// space (tmp/). Several processes may share one Store.
+type Store struct{ Dir string }
+
+// Layout is the path of the store's OCI image layout.
+func (s Store) Layout() string { return filepath.Join(s.Dir, "oci") }
+
+func (s Store) stepsDir() string { return filepath.Join(s.Dir, "steps") }
+func (s Store) tmpDir() string   { return filepath.Join(s.Dir, "tmp") }
+
+// Built is the outcome of a build.
+type Built struct {
+	Name     string       `json:"name"`
+	Manifest string       `json:"manifest"` // "sha256:<hex>" of the image manifest
+	Layers   []BuiltLayer `json:"layers"`
+}
+
+// BuiltLayer is one layer of a built image.
+type BuiltLayer struct {
+	Step   string `json:"step"`
+	Kind   string `json:"kind"`
+	Key    string `json:"key"`
+	Digest string `json:"digest"`
+	DiffID string `json:"diff_id"`
+	Size   int64  `json:"size"`
+	Cached bool   `json:"cached"`
+}
+
+// Options tune Build. The zero value logs nothing.
+type Options struct {
+	// Log receives one line per step saying whether it ran or was cached. Default: discarded.
+	Log io.Writer
+}
+
+// Build builds env into the store and names it env.Name in the layout. Concurrent builds
+// into one store are serialised by a file lock; the second finds every step cached.
+func Build(ctx context.Context, env *envspec.Env, st Store, o Options) (*Built, error) {
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	for _, d := range []string{st.Dir, st.stepsDir(), st.tmpDir()} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("preparing store: %w", err)
+		}
+	}
+	lock := flock.New(filepath.Join(st.Dir, "lock"))
+	if err := lock.Lock(); err != nil {
+		return nil, fmt.Errorf("locking store %s: %w", st.Dir, err)
+	}
+	defer lock.Unlock()
+
+	p, err := openLayout(st.Layout())
+	if err != nil {
+		return nil, err
+	}
+	b := &builder{env: env, st: st, p: p, log: o.Log}
+	out := &Built{Name: env.Name}
+	var layers []v1.Layer
+	parentKey := ""
+	for i, step := range env.Layers {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		key, err := b.key(parentKey, step)
+		if err != nil {
+			return nil, fmt.Errorf("environment %s, layer %s: %w", env.Name, step.Name, err)
+		}
+		bl, l, err := b.layer(ctx, i, key, step)
+		if err != nil {
+			return nil, fmt.Errorf("environment %s, layer %s (%s): %w", env.Name, step.Name, step.Kind(), err)
+		}
+		state := "built"
+		if bl.Cached {
+			state = "cached"
+		}
+		fmt.Fprintf(o.Log, "layer %d/%d %-12s %-6s %s %s %s\n", i+1, len(env.Layers), step.Name, step.Kind(), state, short(bl.Digest), sizeText(bl.Size))
+		out.Layers = append(out.Layers, bl)
+		layers = append(layers, l)
+		parentKey = key
+	}
+	img, err := assemble(env, layers)
+	if err != nil {
+		return nil, fmt.Errorf("environment %s: assembling image: %w", env.Name, err)
+	}
+	if err := p.ReplaceImage(img, match.Annotation(RefAnnotation, env.Name), layout.WithAnnotations(map[string]string{RefAnnotation: env.Name})); err != nil {
+		return nil, fmt.Errorf("environment %s: writing image: %w", env.Name, err)
+	}
+	d, err := img.Digest()
+	if err != nil {
+		return nil, err
+	}
+	out.Manifest = d.String()
+	fmt.Fprintf(o.Log, "image %s %s\n", env.Name, out.Manifest)
+	return out, nil
+}
+
+func openLayout(dir string) (layout.Path, error) {
+	if p, err := layout.FromPath(dir); err == nil {
+		return p, nil
+	}
+	p, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		return "", fmt.Errorf("creating OCI layout %s: %w", dir, err)
+	}
+	return p, nil
+}
+
+type builder struct {
+	env *envspec.Env
+	st  Store
+	p   layout.Path
+	log io.Writer
+	// built layers of this build, by index, for steps that read their parents (apt).
+	done []BuiltLayer
+}
+
+// key is the digest of the parent's key, the step's canonical definition and its inputs.
+func (b *builder) key(parent string, s envspec.Step) (string, error) {
+	def, err := json.Marshal(s) // struct field order is fixed: canonical for these types
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "infradev.step/v1\nparent %s\nstep %s\n", parent, def)
+	var src string
+	switch {
+	case s.Git != nil:
+		src = s.Git.Source
+	case s.Copy != nil:
+		src = s.Copy.Source
+	}
+	if src != "" {
+		td, err := digest.Tree(b.env.Source(src))
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(h, "source %s\n", td)
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}
+
+type stepRecord struct {
+	Digest string `json:"digest"`
+	DiffID string `json:"diff_id"`
+	Size   int64  `json:"size"`
+}
+
+func (b *builder) layer(ctx context.Context, i int, key string, s envspec.Step) (BuiltLayer, v1.Layer, error) {
+	bl := BuiltLayer{Step: s.Name, Kind: s.Kind(), Key: key}
+	recPath := filepath.Join(b.st.stepsDir(), hexOf(key)+".json")
+	if data, err := os.ReadFile(recPath); err == nil {
+		var rec stepRecord
+		if json.Unmarshal(data, &rec) == nil {
+			if l, err := b.blobLayer(rec); err == nil {
+				bl.Digest, bl.DiffID, bl.Size, bl.Cached = rec.Digest, rec.DiffID, rec.Size, true
+				b.done = append(b.done, bl)
+				return bl, l, nil
+			}
+		}
+	}
+	tmp, err := os.MkdirTemp(b.st.tmpDir(), "step-")
+	if err != nil {
+		return bl, nil, err
+	}
+	defer os.RemoveAll(tmp)
+	info, err := b.run(ctx, i, s, tmp)
+	if err != nil {
+		return bl, nil, err
+	}
+	// The layer becomes a blob by rename: a crash never leaves a partial blob under its digest.
+	blob := b.blobPath(info.Digest)
+	if err := os.MkdirAll(filepath.Dir(blob), 0o755); err != nil {
+		return bl, nil, err
+	}
+	if err := os.Rename(info.Path, blob); err != nil {
+		return bl, nil, err
+	}
+	rec := stepRecord{Digest: info.Digest, DiffID: info.DiffID, Size: info.Size}
+	if err := atomicfile.WriteJSON(recPath, rec); err != nil {
+		return bl, nil, err
+	}
+	l, err := b.blobLayer(rec)
+	if err != nil {
+		return bl, nil, err
+	}
+	bl.Digest, bl.DiffID, bl.Size = rec.Digest, rec.DiffID, rec.Size
+	b.done = append(b.done, bl)
+	return bl, l, nil
+}
+
+func (b *builder) blobPath(digest string) string {
+	return filepath.Join(b.st.Layout(), "blobs", "sha256", hexOf(digest))
+}
+
+// blobLayer is a layer backed by a blob already in the layout.
+func (b *builder) blobLayer(rec stepRecord) (v1.Layer, error) {
+	path := b.blobPath(rec.Digest)
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if fi.Size() != rec.Size {
+		return nil, fmt.Errorf("blob %s has %d bytes, want %d", rec.Digest, fi.Size(), rec.Size)
+	}
+	d, err := v1.NewHash(rec.Digest)
+	if err != nil {
+		return nil, err
+	}
+	diff, err := v1.NewHash(rec.DiffID)
+	if err != nil {
+		return nil, err
+	}
+	return partial.CompressedToLayer(&fileLayer{path: path, digest: d, diffID: diff, size: rec.Size})
+}
+
+// assemble makes the image: OCI media types, a fixed creation time, one history entry a layer.
+func assemble(env *envspec.Env, layers []v1.Layer) (v1.Image, error) {
+	arch := "amd64"
+	if env.Layers[0].Debian != nil {
+		arch = env.Layers[0].Debian.Architecture
+	}
+	created := v1.Time{Time: time.Unix(0, 0).UTC()}
+	if env.Layers[0].Debian != nil {
+		created = v1.Time{Time: time.Unix(env.Layers[0].Debian.SourceDateEpoch, 0).UTC()}
+	}
+	var envList []string
+	keys := make([]string, 0, len(env.Config.Env))
+	for k := range env.Config.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		envList = append(envList, k+"="+env.Config.Env[k])
+	}
+	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
+	img, err := mutate.ConfigFile(img, &v1.ConfigFile{
+		Architecture: arch,
+		OS:           "linux",
+		Created:      created,
+		Config:       v1.Config{Env: envList, WorkingDir: env.Config.WorkingDir},
+		RootFS:       v1.RootFS{Type: "layers"},
+	})
+	if err != nil {
+		return nil, err
+	}
+	adds := make([]mutate.Addendum, len(layers))
+	for i, l := range layers {
+		adds[i] = mutate.Addendum{
+			Layer:     l,
+			MediaType: types.OCILayer,
+			History:   v1.History{Created: created, CreatedBy: "infradev " + env.Layers[i].Kind() + " " + env.Layers[i].Name},
+		}
+	}
+	img, err = mutate.Append(img, adds...)
+	if err != nil {
+		return nil, err
+	}
+	return mutate.CreatedAt(img, created)
+}
+
+// fileLayer is a compressed layer in a file whose digests are already known.
+type fileLayer struct {
+	path           string
+	digest, diffID v1.Hash
+	size           int64
+}
+
+func (l *fileLayer) Digest() (v1.Hash, error)            { return l.digest, nil }
+func (l *fileLayer) DiffID() (v1.Hash, error)            { return l.diffID, nil }
+func (l *fileLayer) Size() (int64, error)                { return l.size, nil }
+func (l *fileLayer) MediaType() (types.MediaType, error) { return types.OCILayer, nil }
+func (l *fileLayer) Compressed() (io.ReadCloser, error)  { return os.Open(l.path) }
+func (l *fileLayer) Descriptor() (*v1.Descriptor, error) {
+	return &v1.Descriptor{MediaType: types.OCILayer, Size: l.size, Digest: l.digest}, nil
+}
+
+func hexOf(digest string) string {
+	if len(digest) > 7 && digest[:7] == "sha256:" {
+		return digest[7:]
+	}
+	return digest
+}
+
+func short(digest string) string {
+	h := hexOf(digest)
+	if len(h) > 12 {
+		h = h[:12]
+	}
+	return "sha256:" + h
+}
+
+func sizeText(n int64) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1fKiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%dB", n)
+}

@@ -1,0 +1,182 @@
+// Package report owns what is shown of many results: a pure function from results to a summary
+// (SWE-bench's fields plus InfraDev's: probe rejection rate, failure classes, probe
+// categories), written as a table, as JSON, or as JUnit XML.
+package report
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/infradev/infradev/harness/atomicfile"
+	"github.com/infradev/infradev/harness/result"
+)
+
+// Schema is the schema version of the JSON report.
+const Schema = "infradev.report/v1"
+
+// Summary is the report of one run.
+type Summary struct {
+	Schema string         `json:"schema"`
+	RunID  string         `json:"run_id"`
+	Models []ModelSummary `json:"models"`
+}
+
+// ModelSummary is one model's figures.
+type ModelSummary struct {
+	Model               string `json:"model_name_or_path"`
+	SubmittedInstances  int    `json:"submitted_instances"`
+	CompletedInstances  int    `json:"completed_instances"`
+	ResolvedInstances   int    `json:"resolved_instances"`
+	UnresolvedInstances int    `json:"unresolved_instances"`
+	EmptyPatchInstances int    `json:"empty_patch_instances"`
+	ErrorInstances      int    `json:"error_instances"`
+	// ResolutionRate is resolved / completed; instances the harness could not run are left out.
+	ResolutionRate float64 `json:"resolution_rate"`
+	// PassedOfficialTests counts submissions that passed every official test.
+	PassedOfficialTests int `json:"passed_official_tests"`
+	// ProbeRejected counts those of them that a probe rejected.
+	ProbeRejected      int            `json:"probe_rejected"`
+	ProbeRejectionRate float64        `json:"probe_rejection_rate"`
+	FailureClasses     map[string]int `json:"failure_classes"`
+	ProbeCategories    map[string]int `json:"failed_probe_categories"`
+
+	ResolvedIDs   []string   `json:"resolved_ids"`
+	UnresolvedIDs []string   `json:"unresolved_ids"`
+	EmptyPatchIDs []string   `json:"empty_patch_ids"`
+	ErrorIDs      []string   `json:"error_ids"`
+	Instances     []Instance `json:"instances"`
+}
+
+// Instance is one row of the report.
+type Instance struct {
+	InstanceID   string `json:"instance_id"`
+	Resolved     bool   `json:"resolved"`
+	Verdict      string `json:"verdict"`
+	FailureClass string `json:"failure_class,omitempty"`
+	Reason       string `json:"reason,omitempty"`
+}
+
+// Summarize builds the report of results (any order) for run runID.
+func Summarize(runID string, results []*result.Result) Summary {
+	byModel := map[string][]*result.Result{}
+	for _, r := range results {
+		byModel[r.Model] = append(byModel[r.Model], r)
+	}
+	models := make([]string, 0, len(byModel))
+	for m := range byModel {
+		models = append(models, m)
+	}
+	sort.Strings(models)
+	s := Summary{Schema: Schema, RunID: runID}
+	for _, m := range models {
+		rs := byModel[m]
+		sort.Slice(rs, func(i, j int) bool { return rs[i].InstanceID < rs[j].InstanceID })
+		s.Models = append(s.Models, summarizeModel(m, rs))
+	}
+	return s
+}
+
+func summarizeModel(model string, rs []*result.Result) ModelSummary {
+	ms := ModelSummary{Model: model, FailureClasses: map[string]int{}, ProbeCategories: map[string]int{},
+		ResolvedIDs: []string{}, UnresolvedIDs: []string{}, EmptyPatchIDs: []string{}, ErrorIDs: []string{}}
+	for _, r := range rs {
+		ms.SubmittedInstances++
+		if r.EmptyPatch {
+			ms.EmptyPatchInstances++
+			ms.EmptyPatchIDs = append(ms.EmptyPatchIDs, r.InstanceID)
+		}
+		if r.FailureClass != "" {
+			ms.FailureClasses[r.FailureClass]++
+		}
+		switch {
+		case r.Resolved:
+			ms.CompletedInstances++
+			ms.ResolvedInstances++
+			ms.ResolvedIDs = append(ms.ResolvedIDs, r.InstanceID)
+		case result.IsSubmissionFailure(r.FailureClass):
+			ms.CompletedInstances++
+			ms.UnresolvedInstances++
+			ms.UnresolvedIDs = append(ms.UnresolvedIDs, r.InstanceID)
+		default:
+			ms.ErrorInstances++
+			ms.ErrorIDs = append(ms.ErrorIDs, r.InstanceID)
+		}
+		if t := r.Phase("tests"); t != nil && t.Status == result.StatusPassed {
+			ms.PassedOfficialTests++
+			if r.FailureClass == result.ProbesFailed {
+				ms.ProbeRejected++
+			}
+		}
+		for _, c := range r.FailedProbeCategories {
+			ms.ProbeCategories[c]++
+		}
+		ms.Instances = append(ms.Instances, Instance{InstanceID: r.InstanceID, Resolved: r.Resolved,
+			Verdict: Verdict(r), FailureClass: r.FailureClass, Reason: r.Reason})
+	}
+	ms.ResolutionRate = ratio(ms.ResolvedInstances, ms.CompletedInstances)
+	ms.ProbeRejectionRate = ratio(ms.ProbeRejected, ms.PassedOfficialTests)
+	return ms
+}
+
+// Verdict is the one-line verdict of a result: "resolved", "not resolved (tests)", ...
+func Verdict(r *result.Result) string {
+	switch r.FailureClass {
+	case "":
+		if r.Resolved {
+			return "resolved"
+		}
+		return "not resolved"
+	case result.PatchApplyFailed:
+		return "not resolved (patch does not apply)"
+	case result.OfficialTestsFailed:
+		return "not resolved (tests)"
+	case result.ProbesFailed:
+		return "not resolved (probe: " + strings.Join(r.FailedProbeCategories, ", ") + ")"
+	case result.Timeout:
+		return "not resolved (timeout)"
+	case result.OOM:
+		return "not resolved (out of memory)"
+	case result.TaskError:
+		return "not run (task error)"
+	}
+	return "not run (infrastructure error)"
+}
+
+func ratio(a, b int) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+// WriteTable writes the human report: one line per model, then one per instance.
+func WriteTable(w io.Writer, s Summary) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "MODEL\tSUBMITTED\tRESOLVED\tRATE\tPASSED TESTS\tPROBE-REJECTED\tREJECTION RATE\tERRORS\n")
+	for _, m := range s.Models {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f%%\t%d\t%d\t%.1f%%\t%d\n", m.Model, m.SubmittedInstances, m.ResolvedInstances,
+			100*m.ResolutionRate, m.PassedOfficialTests, m.ProbeRejected, 100*m.ProbeRejectionRate, m.ErrorInstances)
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintf(tw, "MODEL\tINSTANCE\tVERDICT\tREASON\n")
+	for _, m := range s.Models {
+		for _, in := range m.Instances {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", m.Model, in.InstanceID, in.Verdict, shorten(in.Reason, 120))
+		}
+	}
+	return tw.Flush()
+}
+
+// WriteJSON writes the report as JSON to path, atomically.
+func WriteJSON(path string, s Summary) error { return atomicfile.WriteJSON(path, s) }
+
+func shorten(s string, n int) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > n {
+		return s[:n-3] + "..."
+	}
+	return s
+}

@@ -1,0 +1,131 @@
+// Package result owns result.json: the versioned record of one task attempt, holding the digests
+// of every input, the verdict and failure class, and per phase the status, per-test outcomes and
+// resource figures. Everything a report needs; nothing a report must re-run.
+package result
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/infradev/infradev/harness/atomicfile"
+)
+
+// Schema is the schema version written and read.
+const Schema = "infradev.result/v1"
+
+// Failure classes. The empty class means resolved.
+const (
+	PatchApplyFailed    = "patch_apply_failed"
+	OfficialTestsFailed = "official_tests_failed"
+	ProbesFailed        = "probes_failed"
+	Timeout             = "timeout"
+	OOM                 = "oom"
+	// InfraError is a sandbox or harness fault: never counted against the submission.
+	InfraError = "infra_error"
+	// TaskError is a fault of the task itself (e.g. its repository is not at the base commit).
+	TaskError = "task_error"
+)
+
+// IsSubmissionFailure reports whether a failure class counts against the submission.
+func IsSubmissionFailure(class string) bool {
+	switch class {
+	case PatchApplyFailed, OfficialTestsFailed, ProbesFailed, Timeout, OOM:
+		return true
+	}
+	return false
+}
+
+// Result is one attempt of one submission on one task.
+type Result struct {
+	Schema     string `json:"schema"`
+	InstanceID string `json:"instance_id"`
+	Model      string `json:"model_name_or_path,omitempty"`
+	Inputs     Inputs `json:"inputs"`
+
+	Resolved     bool   `json:"resolved"`
+	FailureClass string `json:"failure_class,omitempty"`
+	Reason       string `json:"reason,omitempty"`
+	// EmptyPatch is set when the submission changed nothing.
+	EmptyPatch bool `json:"empty_patch,omitempty"`
+	// FailedProbeCategories lists the categories of failed probes, sorted, without repeats.
+	FailedProbeCategories []string `json:"failed_probe_categories,omitempty"`
+
+	Phases     []Phase   `json:"phases"`
+	StartedAt  time.Time `json:"started_at"`
+	FinishedAt time.Time `json:"finished_at"`
+}
+
+// Inputs are the digests of everything that can change a verdict.
+type Inputs struct {
+	Task        string `json:"task"`
+	Environment string `json:"environment"`
+	Probes      string `json:"probes"`
+	Patch       string `json:"patch"`
+	Harness     string `json:"harness"`
+	Hardware    string `json:"hardware"`
+}
+
+// Phase statuses.
+const (
+	StatusPassed  = "passed"
+	StatusFailed  = "failed"
+	StatusTimeout = "timeout"
+	StatusOOM     = "oom"
+	StatusError   = "error"
+	StatusSkipped = "skipped"
+)
+
+// Phase is one step of an attempt: apply, tests or probes.
+type Phase struct {
+	Name            string        `json:"name"`
+	Status          string        `json:"status"`
+	ExitCode        int           `json:"exit_code"`
+	Detail          string        `json:"detail,omitempty"`
+	WallSeconds     float64       `json:"wall_seconds"`
+	CPUSeconds      float64       `json:"cpu_seconds"`
+	PeakMemoryBytes int64         `json:"peak_memory_bytes"`
+	Tests           []TestOutcome `json:"tests,omitempty"`
+	Log             string        `json:"log,omitempty"`
+	JUnit           string        `json:"junit,omitempty"`
+}
+
+// TestOutcome is the graded outcome of one expected test or probe.
+type TestOutcome struct {
+	ID string `json:"id"`
+	// Outcome is passed, failed, error, skipped or missing (expected but not reported).
+	Outcome  string `json:"outcome"`
+	Probe    string `json:"probe,omitempty"`
+	Category string `json:"category,omitempty"`
+	Message  string `json:"message,omitempty"`
+}
+
+// Phase returns the phase with this name, or nil.
+func (r *Result) Phase(name string) *Phase {
+	for i := range r.Phases {
+		if r.Phases[i].Name == name {
+			return &r.Phases[i]
+		}
+	}
+	return nil
+}
+
+// Write writes r to path atomically.
+func Write(path string, r *Result) error { return atomicfile.WriteJSON(path, r) }
+
+// Read reads a result.json and checks its schema version.
+func Read(path string) (*Result, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var r Result
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if r.Schema != Schema {
+		return nil, fmt.Errorf("%s: schema %q, want %q", path, r.Schema, Schema)
+	}
+	return &r, nil
+}

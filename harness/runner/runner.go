@@ -1,0 +1,352 @@
+// Package runner owns one task attempt: it mounts the task's environment image, applies the
+// submission all-or-nothing inside the sandbox, puts the official tests in place from the
+// harness's own copy, runs them, then runs the probes mounted read-only, and grades the
+// phases into a result.json in the run folder. Everything enters as a file; nothing is taken
+// from the host that could change a verdict.
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/bluekeyes/go-gitdiff/gitdiff"
+
+	"github.com/infradev/infradev/harness/digest"
+	"github.com/infradev/infradev/harness/grade"
+	"github.com/infradev/infradev/harness/logcap"
+	"github.com/infradev/infradev/harness/probe"
+	"github.com/infradev/infradev/harness/result"
+	"github.com/infradev/infradev/harness/sandbox"
+	"github.com/infradev/infradev/harness/task"
+	"github.com/infradev/infradev/harness/unpack"
+)
+
+// Inputs are everything an attempt depends on.
+type Inputs struct {
+	Task   *task.Task
+	Probes *probe.Set
+	// Layout is the OCI image layout holding the environment; Image its manifest digest.
+	Layout string
+	Image  string
+	// Patch is the submission, a unified diff; empty means no change.
+	Patch      []byte
+	InstanceID string
+	Model      string
+}
+
+// Runner runs attempts. Hand-wire it in main; tests may give it another Sandbox.
+type Runner struct {
+	Sandbox sandbox.Sandbox
+	Cache   unpack.Cache
+	// Scratch holds per-attempt overlay layers and staging files. It must not be on overlayfs.
+	Scratch string
+	// Harness is the harness version recorded in results and cache keys.
+	Harness string
+	// Hardware is the hardware class recorded in results and cache keys. Default "cpu".
+	Hardware string
+	// LogHead and LogTail bound each phase's log. Default 1MiB each.
+	LogHead, LogTail int
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+// Paths inside the sandbox.
+const (
+	inDir     = "/run/infradev/in"
+	outDir    = "/run/infradev/out"
+	probesDir = "/run/infradev/probes"
+)
+
+// Run runs one attempt and writes result.json, junit files and logs under out. Faults of the
+// sandbox or harness are recorded as infra_error in the result; the error return is kept for
+// failures to write the run folder itself.
+func (r *Runner) Run(ctx context.Context, in Inputs, out string) (*result.Result, error) {
+	now := r.Now
+	if now == nil {
+		now = time.Now
+	}
+	for _, d := range []string{out, filepath.Join(out, "logs"), filepath.Join(out, "raw")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("run folder: %w", err)
+		}
+	}
+	res := &result.Result{Schema: result.Schema, InstanceID: in.InstanceID, Model: in.Model, StartedAt: now().UTC()}
+	if res.InstanceID == "" {
+		res.InstanceID = in.Task.ID
+	}
+	res.EmptyPatch = len(strings.TrimSpace(string(in.Patch))) == 0
+	inputs, err := Digests(in, r.Harness, r.hardware())
+	if err != nil {
+		return nil, err
+	}
+	res.Inputs = inputs
+	if err := os.WriteFile(filepath.Join(out, "submission.patch"), in.Patch, 0o644); err != nil {
+		return nil, fmt.Errorf("run folder: %w", err)
+	}
+	if err := r.attempt(ctx, in, out, res); err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		res.Phases = append(res.Phases, result.Phase{Name: "infra", Status: result.StatusError, Detail: err.Error()})
+	}
+	grade.Verdict(res)
+	res.FinishedAt = now().UTC()
+	if err := result.Write(filepath.Join(out, "result.json"), res); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+func (r *Runner) hardware() string {
+	if r.Hardware == "" {
+		return "cpu"
+	}
+	return r.Hardware
+}
+
+// Digests computes the content digests that identify an attempt's inputs.
+func Digests(in Inputs, harness, hardware string) (result.Inputs, error) {
+	td, err := digest.Tree(in.Task.Dir)
+	if err != nil {
+		return result.Inputs{}, err
+	}
+	pd, err := digest.Tree(in.Probes.Dir)
+	if err != nil {
+		return result.Inputs{}, err
+	}
+	return result.Inputs{Task: td, Environment: in.Image, Probes: pd, Patch: digest.Bytes(in.Patch), Harness: harness, Hardware: hardware}, nil
+}
+
+// attempt runs the phases, appending each graded phase to res. A returned error is an
+// infrastructure fault.
+func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result.Result) error {
+	t := in.Task
+	if err := os.MkdirAll(r.Scratch, 0o755); err != nil {
+		return err
+	}
+	work, err := os.MkdirTemp(r.Scratch, "attempt-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+
+	stack, cfg, err := r.Cache.Stack(ctx, in.Layout, in.Image)
+	if err != nil {
+		return fmt.Errorf("environment: %w", err)
+	}
+	staging := filepath.Join(work, "in")
+	if err := r.stage(in, staging); err != nil {
+		return err
+	}
+	ov, err := sandbox.MountOverlay(stack, filepath.Join(work, "root"))
+	if err != nil {
+		return err
+	}
+	defer ov.Unmount()
+
+	env := append(append([]string{}, cfg.Config.Env...),
+		"HOME=/tmp", "PYTHONDONTWRITEBYTECODE=1", "PYTHONHASHSEED=0", "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", "LC_ALL=C.UTF-8")
+	limits := sandbox.Limits{MemoryBytes: t.Resources.MemoryBytes, Pids: int64(t.Resources.Pids), CPUs: t.Resources.CPUs}
+	base := sandbox.Spec{
+		Root:     ov.Merged,
+		Writable: []string{t.Repo.Path},
+		Env:      env,
+		Cwd:      t.Repo.Path,
+		Limits:   limits,
+	}
+
+	// Phase 1: the submission, then the official tests from the harness's copy.
+	raw, err := r.phase(ctx, out, "apply", base, staging, "", []string{"/bin/sh", inDir + "/apply.sh"}, t.Timeouts.ApplyD)
+	if err != nil {
+		return err
+	}
+	ap := grade.Apply(raw)
+	res.Phases = append(res.Phases, ap)
+	if ap.Status != result.StatusPassed {
+		return nil
+	}
+
+	// Phase 2: official tests, graded from the JUnit report.
+	tests := pytest(outDir+"/tests.xml", t.Tests.IDs(), "")
+	raw, err = r.phase(ctx, out, "tests", base, staging, "", tests, t.Timeouts.TestsD)
+	if err != nil {
+		return err
+	}
+	res.Phases = append(res.Phases, grade.Tests("tests", raw, grade.Expected{IDs: t.Tests.IDs()}))
+
+	// Phase 3: probes, mounted read-only apart from the repository.
+	var ids []string
+	infos := map[string]grade.ProbeInfo{}
+	for _, p := range in.Probes.Probes {
+		ids = append(ids, p.Test)
+		infos[p.Test] = grade.ProbeInfo{ID: p.ID, Category: p.Category}
+	}
+	pspec := base
+	pspec.Env = append(append([]string{}, env...), "PYTHONPATH="+t.Repo.Path)
+	raw, err = r.phase(ctx, out, "probes", pspec, staging, in.Probes.Dir, pytest(outDir+"/probes.xml", ids, probesDir), t.Timeouts.ProbesD)
+	if err != nil {
+		return err
+	}
+	res.Phases = append(res.Phases, grade.Tests("probes", raw, grade.Expected{IDs: ids, Probes: infos}))
+	return nil
+}
+
+// pytest is the harness-owned test command: no cache, no plugin autoload (set in the
+// environment), JUnit to a file, exactly the expected ids. With root set, ids are relative to it.
+func pytest(junitPath string, ids []string, root string) []string {
+	args := []string{"python3", "-m", "pytest", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
+		"--junitxml=" + junitPath, "-q", "-rN"}
+	if root != "" {
+		args = append(args, "--rootdir="+root, "--confcutdir="+root)
+		for _, id := range ids {
+			args = append(args, path.Join(root, id))
+		}
+		return args
+	}
+	return append(args, ids...)
+}
+
+// phase runs one sandboxed command with the staging folder mounted read-only and a fresh,
+// empty output folder, and collects its JUnit report and capped log.
+func (r *Runner) phase(ctx context.Context, out, name string, spec sandbox.Spec, staging, probes string, args []string, timeout time.Duration) (grade.Raw, error) {
+	outHost := filepath.Join(filepath.Dir(staging), "out-"+name)
+	if err := os.Mkdir(outHost, 0o777); err != nil {
+		return grade.Raw{}, err
+	}
+	head, tail := r.LogHead, r.LogTail
+	if head == 0 {
+		head = 1 << 20
+	}
+	if tail == 0 {
+		tail = 1 << 20
+	}
+	logRel := filepath.Join("logs", name+".log")
+	log, err := logcap.Create(filepath.Join(out, logRel), head, tail)
+	if err != nil {
+		return grade.Raw{}, err
+	}
+	spec.Args = args
+	spec.Timeout = timeout
+	spec.Stdout, spec.Stderr = log, log
+	spec.Mounts = append(append([]sandbox.Mount{}, spec.Mounts...),
+		sandbox.Mount{Source: staging, Dest: inDir, ReadOnly: true},
+		sandbox.Mount{Source: outHost, Dest: outDir})
+	if probes != "" {
+		spec.Mounts = append(spec.Mounts, sandbox.Mount{Source: probes, Dest: probesDir, ReadOnly: true})
+	}
+	run, err := r.Sandbox.Run(ctx, spec)
+	if cerr := log.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		return grade.Raw{}, fmt.Errorf("%s phase: %w", name, err)
+	}
+	raw := grade.Raw{Run: run, Log: logRel}
+	xml := filepath.Join(outHost, name+".xml")
+	if data, err := readRegular(xml, 64<<20); err == nil {
+		raw.JUnit = data
+		if err := os.WriteFile(filepath.Join(out, "raw", name+".xml"), data, 0o644); err != nil {
+			return grade.Raw{}, err
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		raw.JUnit = nil
+	}
+	return raw, nil
+}
+
+// readRegular reads a file the sandbox wrote, refusing anything but a regular file of bounded size.
+func readRegular(p string, max int64) ([]byte, error) {
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() || fi.Size() > max {
+		return nil, fmt.Errorf("%s is not a regular file under %d bytes", p, max)
+	}
+	return os.ReadFile(p)
+}
+
+// stage writes the read-only inputs of the sandbox: the submission, the official test patch
+// and the setup script.
+func (r *Runner) stage(in Inputs, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	tp, err := os.ReadFile(in.Task.File(in.Task.Tests.Patch))
+	if err != nil {
+		return fmt.Errorf("task %s: %w", in.Task.ID, err)
+	}
+	paths, err := patchPaths(tp)
+	if err != nil {
+		return fmt.Errorf("task %s: test patch: %w", in.Task.ID, err)
+	}
+	files := map[string][]byte{
+		"submission.patch": in.Patch,
+		"tests.patch":      tp,
+		"apply.sh":         []byte(applyScript(in.Task.Repo.BaseCommit, paths)),
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// patchPaths lists every path a patch touches (old and new names), sorted.
+func patchPaths(p []byte) ([]string, error) {
+	files, _, err := gitdiff.Parse(strings.NewReader(string(p)))
+	if err != nil {
+		return nil, err
+	}
+	set := map[string]bool{}
+	for _, f := range files {
+		for _, n := range []string{f.OldName, f.NewName} {
+			if n == "" {
+				continue
+			}
+			if !filepath.IsLocal(n) {
+				return nil, fmt.Errorf("path %q is outside the repository", n)
+			}
+			set[n] = true
+		}
+	}
+	out := make([]string, 0, len(set))
+	for n := range set {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// applyScript checks the repository is at base, applies the submission all-or-nothing, then
+// resets every path of the official test patch to base (or removes it) and applies that patch.
+func applyScript(base string, testPaths []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `set -u
+export GIT_CEILING_DIRECTORIES=/ GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null
+head=$(git rev-parse HEAD) || exit %[2]d
+[ "$head" = %[1]s ] || { echo "repository is at $head, not at the base commit %[1]s"; exit %[2]d; }
+git reset -q || exit %[2]d
+if [ -s %[3]s/submission.patch ]; then
+  git apply --check --verbose %[3]s/submission.patch || exit %[4]d
+  git apply %[3]s/submission.patch || exit %[4]d
+fi
+`, base, grade.ExitNotAtBase, inDir, grade.ExitPatchDoesNotApply)
+	for _, p := range testPaths {
+		q := shellQuote(p)
+		fmt.Fprintf(&b, "rm -rf -- %s\nif git cat-file -e %s:%s 2>/dev/null; then git checkout -q %s -- %s || exit %d; fi\n",
+			q, base, q, base, q, grade.ExitTestsDoNotApply)
+	}
+	fmt.Fprintf(&b, "git apply %s/tests.patch || exit %d\n", inDir, grade.ExitTestsDoNotApply)
+	return b.String()
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }

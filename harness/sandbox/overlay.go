@@ -1,0 +1,57 @@
+package sandbox
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Overlay is a mounted overlayfs: read-only lower layers with a writable scratch layer above.
+// Nothing is copied: the lower directories are used where they are.
+type Overlay struct {
+	// Merged is the mounted root filesystem.
+	Merged string
+	dir    string
+}
+
+// MountOverlay mounts lowers (bottom layer first) under a new scratch layer kept in dir, which
+// must be empty or absent. Call Unmount when done.
+func MountOverlay(lowers []string, dir string) (*Overlay, error) {
+	if len(lowers) == 0 {
+		return nil, fmt.Errorf("overlay needs at least one lower layer")
+	}
+	o := &Overlay{Merged: filepath.Join(dir, "merged"), dir: dir}
+	for _, d := range []string{"upper", "work", "merged"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return nil, fmt.Errorf("overlay: %w", err)
+		}
+	}
+	// overlayfs lists lowerdir top first.
+	top := make([]string, len(lowers))
+	for i, l := range lowers {
+		if strings.ContainsAny(l, ":,") {
+			return nil, fmt.Errorf("overlay: layer path %q contains ':' or ','", l)
+		}
+		top[len(lowers)-1-i] = l
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(top, ":"),
+		filepath.Join(dir, "upper"), filepath.Join(dir, "work"))
+	if err := unix.Mount("overlay", o.Merged, "overlay", 0, opts); err != nil {
+		return nil, fmt.Errorf("mounting overlay at %s: %w", o.Merged, err)
+	}
+	return o, nil
+}
+
+// Upper is the scratch layer's directory: everything the runs changed.
+func (o *Overlay) Upper() string { return filepath.Join(o.dir, "upper") }
+
+// Unmount unmounts the overlay and removes its scratch layer.
+func (o *Overlay) Unmount() error {
+	if err := unix.Unmount(o.Merged, unix.MNT_DETACH); err != nil && err != unix.EINVAL {
+		return fmt.Errorf("unmounting %s: %w", o.Merged, err)
+	}
+	return os.RemoveAll(o.dir)
+}

@@ -1,0 +1,66 @@
+// Package sandbox owns running one command in isolation: a root filesystem (an overlay of
+// read-only layers under a per-attempt scratch layer), read-only except for named writable
+// paths and /tmp, no network unless asked, memory, pids and CPU limits, a wall-clock timeout
+// that really kills, and accounting of wall time, CPU time and peak memory from the run's own
+// cgroup. It knows nothing of tasks.
+package sandbox
+
+import (
+	"context"
+	"io"
+	"time"
+)
+
+// Sandbox runs commands. An error means the sandbox itself failed (an infrastructure fault);
+// a command that fails, times out or runs out of memory is a Result, not an error.
+type Sandbox interface {
+	Run(ctx context.Context, s Spec) (*Result, error)
+}
+
+// Spec is one command to run.
+type Spec struct {
+	// Root is the root filesystem directory (e.g. Overlay.Merged). It is mounted read-only.
+	Root string
+	// Writable are absolute paths inside Root that stay writable (bound onto themselves).
+	Writable []string
+	// Mounts are extra bind mounts from the host.
+	Mounts []Mount
+	Args   []string
+	Env    []string
+	// Cwd is the working directory inside the sandbox. Default "/".
+	Cwd string
+	// Network gives the host's network; false (the default) gives a namespace with only a
+	// loopback interface that is down.
+	Network bool
+	Limits  Limits
+	// Timeout is the wall-clock limit; 0 means none.
+	Timeout time.Duration
+	// Stdout and Stderr receive the command's output. Default: discarded.
+	Stdout, Stderr io.Writer
+}
+
+// Mount binds Source on the host to Dest in the sandbox.
+type Mount struct {
+	Source   string
+	Dest     string
+	ReadOnly bool
+}
+
+// Limits bound a run's resources. Zero fields mean no limit, except TmpSize (default 256MiB).
+type Limits struct {
+	MemoryBytes int64
+	Pids        int64
+	CPUs        float64
+	TmpSize     int64
+}
+
+// Result is what a run did.
+type Result struct {
+	ExitCode int  `json:"exit_code"`
+	TimedOut bool `json:"timed_out,omitempty"`
+	// OOM is set when the command was killed for exceeding its memory limit.
+	OOM        bool          `json:"oom,omitempty"`
+	Wall       time.Duration `json:"wall_ns"`
+	CPU        time.Duration `json:"cpu_ns"`
+	PeakMemory int64         `json:"peak_memory_bytes"`
+}

@@ -1,0 +1,281 @@
+// Package task owns the task spec: tasks/<project>/<id>/task.yaml and the agent-facing files
+// beside it (instruction, PR description, gold patch, official tests). Load reads and checks a
+// task against the infradev.task/v1 schema and reports every problem with file, line and field.
+package task
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/infradev/infradev/harness/specfile"
+)
+
+// Schema is the schema version this package reads.
+const Schema = "infradev.task/v1"
+
+// Task is a loaded, checked task spec.
+type Task struct {
+	Schema        string    `yaml:"schema"`
+	ID            string    `yaml:"id"`
+	Project       string    `yaml:"project"`
+	Kind          string    `yaml:"kind"`
+	Repo          Repo      `yaml:"repo"`
+	Environment   string    `yaml:"environment"`
+	Instruction   string    `yaml:"instruction"`
+	PRDescription string    `yaml:"pr_description"`
+	Gold          string    `yaml:"gold"`
+	Tests         Tests     `yaml:"tests"`
+	Resources     Resources `yaml:"resources"`
+	Timeouts      Timeouts  `yaml:"timeouts"`
+	Labels        []string  `yaml:"labels"`
+
+	// Dir is the task's directory; file fields are relative to it.
+	Dir string `yaml:"-"`
+}
+
+// Repo is where the task's repository is and which commit the task starts from.
+type Repo struct {
+	// URL names the upstream repository (informational for environment-provided repos).
+	URL string `yaml:"url"`
+	// Path is the repository's absolute path inside the environment image.
+	Path string `yaml:"path"`
+	// BaseCommit is the full commit id the repository must be at before the patch.
+	BaseCommit string `yaml:"base_commit"`
+	// MergeCommit is the upstream commit that resolved the task, when there is one.
+	MergeCommit string `yaml:"merge_commit"`
+}
+
+// Tests are the official tests: what the upstream change added, and which must pass.
+type Tests struct {
+	// Runner is the test framework; only "pytest" is supported.
+	Runner string `yaml:"runner"`
+	// Patch is the test patch, relative to the task directory.
+	Patch string `yaml:"patch"`
+	// FailToPass are test ids that fail before the change and must pass after it.
+	FailToPass []string `yaml:"fail_to_pass"`
+	// PassToPass are test ids that pass before and must still pass after.
+	PassToPass []string `yaml:"pass_to_pass"`
+}
+
+// IDs returns every official test id, fail-to-pass first.
+func (t Tests) IDs() []string { return append(slices.Clone(t.FailToPass), t.PassToPass...) }
+
+// Resources are what one attempt of the task needs.
+type Resources struct {
+	CPUs   float64 `yaml:"cpus"`
+	Memory string  `yaml:"memory"`
+	Pids   int     `yaml:"pids"`
+	GPUs   GPUs    `yaml:"gpus"`
+
+	MemoryBytes int64 `yaml:"-"`
+}
+
+// GPUs is the GPU part of Resources.
+type GPUs struct {
+	Count     int    `yaml:"count"`
+	MinMemory string `yaml:"min_memory"`
+	Connected bool   `yaml:"connected"`
+
+	MinMemoryBytes int64 `yaml:"-"`
+}
+
+// Timeouts bound each phase of an attempt.
+type Timeouts struct {
+	Apply  string `yaml:"apply"`
+	Tests  string `yaml:"tests"`
+	Probes string `yaml:"probes"`
+
+	ApplyD, TestsD, ProbesD time.Duration `yaml:"-"`
+}
+
+// Defaults applied when a field is absent.
+const (
+	DefaultPids = 512
+)
+
+var (
+	idRe     = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
+	commitRe = regexp.MustCompile(`^[0-9a-f]{40}$`)
+	testIDRe = regexp.MustCompile(`^[^\s:][^\s]*\.py(::[^\s]+)+$`)
+)
+
+// Load reads and checks the task in dir (which holds task.yaml). The error, if any, is a
+// specfile.Errors naming every problem.
+func Load(dir string) (*Task, error) {
+	file := filepath.Join(dir, "task.yaml")
+	t := &Task{}
+	doc := specfile.ReadFile(file, t)
+	if !doc.Parsed() {
+		return nil, doc.Errs.Err()
+	}
+	t.Dir = dir
+	t.check(doc)
+	if err := doc.Errs.Err(); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func (t *Task) check(d *specfile.Doc) {
+	if t.Schema != Schema {
+		d.Errorf("schema", "must be %q, got %q", Schema, t.Schema)
+	}
+	if !idRe.MatchString(t.ID) {
+		d.Errorf("id", "must match %s, got %q", idRe, t.ID)
+	}
+	if !idRe.MatchString(t.Project) {
+		d.Errorf("project", "must match %s, got %q", idRe, t.Project)
+	}
+	if strings.TrimSpace(t.Kind) == "" {
+		d.Errorf("kind", "is required: the kind of upstream change the task models")
+	}
+	if !filepath.IsAbs(t.Repo.Path) || filepath.Clean(t.Repo.Path) != t.Repo.Path || t.Repo.Path == "/" {
+		d.Errorf("repo.path", "must be a clean absolute path inside the image, got %q", t.Repo.Path)
+	}
+	if !commitRe.MatchString(t.Repo.BaseCommit) {
+		d.Errorf("repo.base_commit", "must be a full 40-hex commit id, got %q", t.Repo.BaseCommit)
+	}
+	if t.Repo.MergeCommit != "" && !commitRe.MatchString(t.Repo.MergeCommit) {
+		d.Errorf("repo.merge_commit", "must be a full 40-hex commit id, got %q", t.Repo.MergeCommit)
+	}
+	if !idRe.MatchString(t.Environment) {
+		d.Errorf("environment", "must name an environment under environments/, got %q", t.Environment)
+	}
+	t.checkFile(d, "instruction", t.Instruction)
+	t.checkFile(d, "pr_description", t.PRDescription)
+	t.checkFile(d, "gold", t.Gold)
+	t.checkFile(d, "tests.patch", t.Tests.Patch)
+	if t.Tests.Runner != "pytest" {
+		d.Errorf("tests.runner", "must be \"pytest\", got %q", t.Tests.Runner)
+	}
+	if len(t.Tests.FailToPass) == 0 {
+		d.Errorf("tests.fail_to_pass", "must list at least one test id")
+	}
+	seen := map[string]bool{}
+	for field, ids := range map[string][]string{"tests.fail_to_pass": t.Tests.FailToPass, "tests.pass_to_pass": t.Tests.PassToPass} {
+		for i, id := range ids {
+			path := fmt.Sprintf("%s[%d]", field, i)
+			if !testIDRe.MatchString(id) || !filepath.IsLocal(strings.SplitN(id, "::", 2)[0]) {
+				d.Errorf(path, "%q is not a pytest node id inside the repository (path/to/test_x.py::test_name)", id)
+			}
+			if seen[id] {
+				d.Errorf(path, "%q is listed twice", id)
+			}
+			seen[id] = true
+		}
+	}
+	t.checkResources(d)
+	t.checkTimeouts(d)
+}
+
+func (t *Task) checkFile(d *specfile.Doc, field, rel string) {
+	if rel == "" {
+		d.Errorf(field, "is required")
+		return
+	}
+	if !filepath.IsLocal(rel) {
+		d.Errorf(field, "must be a path inside the task directory, got %q", rel)
+		return
+	}
+	fi, err := os.Stat(filepath.Join(t.Dir, rel))
+	switch {
+	case err != nil:
+		d.Errorf(field, "file %s: %v", rel, errorsText(err))
+	case !fi.Mode().IsRegular():
+		d.Errorf(field, "%s is not a regular file", rel)
+	}
+}
+
+func errorsText(err error) string {
+	if os.IsNotExist(err) {
+		return "does not exist"
+	}
+	return err.Error()
+}
+
+func (t *Task) checkResources(d *specfile.Doc) {
+	r := &t.Resources
+	if r.CPUs <= 0 {
+		d.Errorf("resources.cpus", "must be > 0, got %v", r.CPUs)
+	}
+	if r.Memory == "" {
+		d.Errorf("resources.memory", "is required (e.g. 2GiB)")
+	} else if n, err := specfile.ParseSize(r.Memory); err != nil {
+		d.Errorf("resources.memory", "%v", err)
+	} else if n < 16<<20 {
+		d.Errorf("resources.memory", "must be at least 16MiB, got %s", r.Memory)
+	} else {
+		r.MemoryBytes = n
+	}
+	if r.Pids == 0 {
+		r.Pids = DefaultPids
+	} else if r.Pids < 8 {
+		d.Errorf("resources.pids", "must be at least 8, got %d", r.Pids)
+	}
+	if r.GPUs.Count < 0 {
+		d.Errorf("resources.gpus.count", "must be >= 0, got %d", r.GPUs.Count)
+	}
+	if r.GPUs.MinMemory != "" {
+		if n, err := specfile.ParseSize(r.GPUs.MinMemory); err != nil {
+			d.Errorf("resources.gpus.min_memory", "%v", err)
+		} else {
+			r.GPUs.MinMemoryBytes = n
+		}
+	}
+}
+
+func (t *Task) checkTimeouts(d *specfile.Doc) {
+	for _, f := range []struct {
+		name string
+		s    string
+		dst  *time.Duration
+	}{
+		{"timeouts.apply", t.Timeouts.Apply, &t.Timeouts.ApplyD},
+		{"timeouts.tests", t.Timeouts.Tests, &t.Timeouts.TestsD},
+		{"timeouts.probes", t.Timeouts.Probes, &t.Timeouts.ProbesD},
+	} {
+		if f.s == "" {
+			d.Errorf(f.name, "is required (e.g. 5m)")
+			continue
+		}
+		v, err := specfile.ParseDuration(f.s)
+		if err != nil {
+			d.Errorf(f.name, "%v", err)
+			continue
+		}
+		*f.dst = v
+	}
+}
+
+// File returns the absolute path of a task-relative file.
+func (t *Task) File(rel string) string { return filepath.Join(t.Dir, rel) }
+
+// Find lists the task directories under root (root/<project>/<id>/task.yaml), by task id as
+// written in each directory's name. Two directories with one id are an error.
+func Find(root string) (map[string]string, error) {
+	matches, err := filepath.Glob(filepath.Join(root, "*", "*", "task.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, m := range matches {
+		dir := filepath.Dir(m)
+		id := filepath.Base(dir)
+		if prev, ok := out[id]; ok {
+			return nil, fmt.Errorf("task id %s is in both %s and %s", id, prev, dir)
+		}
+		out[id] = dir
+	}
+	return out, nil
+}
+
+// ProbesDir is where the probes of the task in taskDir live: probesRoot/<project>/<id>,
+// mirroring tasks/<project>/<id>.
+func ProbesDir(probesRoot, taskDir string) string {
+	return filepath.Join(probesRoot, filepath.Base(filepath.Dir(taskDir)), filepath.Base(taskDir))
+}

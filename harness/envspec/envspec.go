@@ -172,7 +172,7 @@ func (e *Env) checkStep(doc *specfile.Doc, i int, s Step, names map[string]bool)
 		checkPackages(doc, at("apt.packages"), s.Apt.Packages)
 	case s.Git != nil:
 		e.checkSource(doc, at("git.source"), s.Git.Source)
-		checkDest(doc, at("git.dest"), s.Git.Dest)
+		checkDest(doc, at("git.dest"), s.Git.Dest, false)
 		if _, err := time.Parse(time.RFC3339, s.Git.Date); err != nil {
 			doc.Errorf(at("git.date"), "must be an RFC 3339 time (2024-01-01T00:00:00Z), got %q", s.Git.Date)
 		}
@@ -184,7 +184,7 @@ func (e *Env) checkStep(doc *specfile.Doc, i int, s Step, names map[string]bool)
 		}
 	case s.Copy != nil:
 		e.checkSource(doc, at("copy.source"), s.Copy.Source)
-		checkDest(doc, at("copy.dest"), s.Copy.Dest)
+		checkDest(doc, at("copy.dest"), s.Copy.Dest, true)
 	}
 }
 
@@ -206,9 +206,12 @@ func (e *Env) checkSource(doc *specfile.Doc, field, src string) {
 	}
 }
 
-func checkDest(doc *specfile.Doc, field, dest string) {
-	if !filepath.IsAbs(dest) || filepath.Clean(dest) != dest || dest == "/" {
-		doc.Errorf(field, "must be a clean absolute path other than /, got %q", dest)
+func checkDest(doc *specfile.Doc, field, dest string, rootOK bool) {
+	switch {
+	case !filepath.IsAbs(dest) || filepath.Clean(dest) != dest:
+		doc.Errorf(field, "must be a clean absolute path, got %q", dest)
+	case dest == "/" && !rootOK:
+		doc.Errorf(field, "must not be /")
 	}
 }
 

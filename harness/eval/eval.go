@@ -102,7 +102,7 @@ func (s *session) one(ctx context.Context, p predictions.Prediction) (*result.Re
 		Patch: []byte(p.Patch), InstanceID: p.InstanceID, Model: p.Model}
 	dir := filepath.Join(s.c.Out, safeName.ReplaceAllString(s.c.RunID, "_"),
 		safeName.ReplaceAllString(p.Model, "_"), safeName.ReplaceAllString(p.InstanceID, "_"))
-	want, err := runner.Digests(in, s.c.Runner.Harness, s.c.Runner.Hardware)
+	want, err := s.c.Runner.Digests(in)
 	if err != nil {
 		return nil, false, err
 	}

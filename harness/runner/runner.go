@@ -82,7 +82,7 @@ func (r *Runner) Run(ctx context.Context, in Inputs, out string) (*result.Result
 		res.InstanceID = in.Task.ID
 	}
 	res.EmptyPatch = len(strings.TrimSpace(string(in.Patch))) == 0
-	inputs, err := Digests(in, r.Harness, r.hardware())
+	inputs, err := r.Digests(in)
 	if err != nil {
 		return nil, err
 	}
@@ -111,8 +111,9 @@ func (r *Runner) hardware() string {
 	return r.Hardware
 }
 
-// Digests computes the content digests that identify an attempt's inputs.
-func Digests(in Inputs, harness, hardware string) (result.Inputs, error) {
+// Digests computes the content digests that identify an attempt's inputs: the key under
+// which its result may be reused.
+func (r *Runner) Digests(in Inputs) (result.Inputs, error) {
 	td, err := digest.Tree(in.Task.Dir)
 	if err != nil {
 		return result.Inputs{}, err
@@ -121,7 +122,7 @@ func Digests(in Inputs, harness, hardware string) (result.Inputs, error) {
 	if err != nil {
 		return result.Inputs{}, err
 	}
-	return result.Inputs{Task: td, Environment: in.Image, Probes: pd, Patch: digest.Bytes(in.Patch), Harness: harness, Hardware: hardware}, nil
+	return result.Inputs{Task: td, Environment: in.Image, Probes: pd, Patch: digest.Bytes(in.Patch), Harness: r.Harness, Hardware: r.hardware()}, nil
 }
 
 // attempt runs the phases, appending each graded phase to res. A returned error is an

@@ -1,0 +1,176 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/infradev/infradev/harness/cli"
+	"github.com/infradev/infradev/harness/report"
+	"github.com/infradev/infradev/harness/result"
+)
+
+// repoRoot is the monorepo root, where tasks/, probes/ and environments/ live.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+// requireSandbox skips where attempts cannot run, except in CI, where that is a failure.
+func requireSandbox(t *testing.T) {
+	t.Helper()
+	var missing []string
+	if os.Geteuid() != 0 {
+		missing = append(missing, "root")
+	}
+	for _, bin := range []string{"runc", "mmdebstrap", "git"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			missing = append(missing, bin)
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatalf("end-to-end tests need %s", strings.Join(missing, ", "))
+	}
+	t.Skipf("end-to-end tests need %s", strings.Join(missing, ", "))
+}
+
+// storeFlags share one image store and unpack cache across the end-to-end tests (and across
+// runs, under .infradev/), so the Debian layers are built once.
+func storeFlags(t *testing.T) []string {
+	root := repoRoot(t)
+	store := os.Getenv("INFRADEV_TEST_STORE")
+	if store == "" {
+		store = filepath.Join(root, ".infradev", "test-store")
+	}
+	return []string{"--store", store, "--cache", filepath.Join(root, ".infradev", "test-cache")}
+}
+
+func infradev(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := cli.Execute(context.Background(), args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func demoImage(t *testing.T) string {
+	t.Helper()
+	code, out, errs := infradev(t, append(storeFlags(t), "env", "build", "--json", filepath.Join(repoRoot(t), "environments", "demo"))...)
+	if code != 0 {
+		t.Fatalf("env build exit %d: %s", code, errs)
+	}
+	var b struct{ Manifest string }
+	if err := json.Unmarshal([]byte(out), &b); err != nil {
+		t.Fatalf("env build --json output: %v\n%s", err, out)
+	}
+	return b.Manifest
+}
+
+func TestEvalSkeletonPredictions(t *testing.T) {
+	requireSandbox(t)
+	root := repoRoot(t)
+	out := t.TempDir()
+	args := append(storeFlags(t), "eval",
+		"--predictions", filepath.Join(root, "tasks/demo/predictions/skeleton.jsonl"),
+		"--run-id", "skeleton", "--out", out,
+		"--tasks", filepath.Join(root, "tasks"), "--probes", filepath.Join(root, "probes"),
+		"--environments", filepath.Join(root, "environments"))
+	code, stdout, stderr := infradev(t, args...)
+	if code != 0 {
+		t.Fatalf("eval exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	data, err := os.ReadFile(filepath.Join(out, "skeleton", "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s report.Summary
+	if err := json.Unmarshal(data, &s); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]struct{ verdict, class string }{
+		"sample/gold":         {"resolved", ""},
+		"sample/empty":        {"not resolved (tests)", result.OfficialTestsFailed},
+		"sample/breaks-tests": {"not resolved (tests)", result.OfficialTestsFailed},
+		"sample/fails-probe":  {"not resolved (probe: state)", result.ProbesFailed},
+	}
+	if len(s.Models) != len(want) {
+		t.Fatalf("report has %d models, want %d:\n%s", len(s.Models), len(want), data)
+	}
+	for _, m := range s.Models {
+		w, ok := want[m.Model]
+		if !ok || len(m.Instances) != 1 {
+			t.Errorf("unexpected model %q in report", m.Model)
+			continue
+		}
+		in := m.Instances[0]
+		if in.Verdict != w.verdict || in.FailureClass != w.class {
+			t.Errorf("%s: verdict %q class %q, want %q %q (reason %q)", m.Model, in.Verdict, in.FailureClass, w.verdict, w.class, in.Reason)
+		}
+	}
+	probe := s.Models[indexOf(s, "sample/fails-probe")].Instances[0]
+	if !strings.Contains(probe.Reason, "state-dict-is-snapshot (state): failed") {
+		t.Errorf("probe failure reason = %q, want it to name the probe", probe.Reason)
+	}
+	if !strings.Contains(stdout, "sample/fails-probe") || !strings.Contains(stdout, "REJECTION RATE") {
+		t.Errorf("printed table lacks rows:\n%s", stdout)
+	}
+
+	// The same command again reuses every stored result: nothing runs twice.
+	code, _, stderr = infradev(t, args...)
+	if code != 0 || strings.Count(stderr, "(cached)") != 4 {
+		t.Errorf("rerun exit %d, log:\n%s\nwant 4 cached attempts", code, stderr)
+	}
+}
+
+func indexOf(s report.Summary, model string) int {
+	for i, m := range s.Models {
+		if m.Model == model {
+			return i
+		}
+	}
+	return 0
+}
+
+func TestRunTaskExitCodesAndJUnit(t *testing.T) {
+	requireSandbox(t)
+	root := repoRoot(t)
+	img := demoImage(t)
+	store := storeFlags(t)[1]
+	empty := filepath.Join(t.TempDir(), "empty.patch")
+	os.WriteFile(empty, nil, 0o644)
+	for _, c := range []struct {
+		patch string
+		code  int
+	}{
+		{filepath.Join(root, "tasks/demo/minitron-0001/gold.patch"), cli.ExitOK},
+		{empty, cli.ExitFailed},
+	} {
+		out := t.TempDir()
+		xml := filepath.Join(t.TempDir(), "bazel", "test.xml")
+		t.Setenv("XML_OUTPUT_FILE", xml)
+		code, stdout, stderr := infradev(t, append(storeFlags(t), "run-task",
+			"--task", filepath.Join(root, "tasks/demo/minitron-0001"),
+			"--probes", filepath.Join(root, "probes/demo/minitron-0001"),
+			"--layout", filepath.Join(store, "oci"), "--image", img,
+			"--patch", c.patch, "--out", out)...)
+		if code != c.code {
+			t.Errorf("run-task %s: exit %d, want %d\n%s%s", filepath.Base(c.patch), code, c.code, stdout, stderr)
+		}
+		for _, f := range []string{filepath.Join(out, "result.json"), filepath.Join(out, "junit.xml"), xml, filepath.Join(out, "logs", "tests.log")} {
+			if _, err := os.Stat(f); err != nil {
+				t.Errorf("run-task %s: %v", filepath.Base(c.patch), err)
+			}
+		}
+	}
+}

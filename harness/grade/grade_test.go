@@ -1,0 +1,107 @@
+package grade_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/infradev/infradev/harness/grade"
+	"github.com/infradev/infradev/harness/result"
+	"github.com/infradev/infradev/harness/sandbox"
+)
+
+func junit(cases ...string) []byte {
+	return []byte(`<?xml version="1.0"?><testsuites><testsuite name="pytest">` + strings.Join(cases, "") + `</testsuite></testsuites>`)
+}
+
+const (
+	passA  = `<testcase classname="tests.test_a" name="test_one"/>`
+	passB  = `<testcase classname="tests.test_a.TestK" name="test_two[1]"/>`
+	failB  = `<testcase classname="tests.test_a.TestK" name="test_two[1]"><failure message="assert 1 == 2">trace</failure></testcase>`
+	skipB  = `<testcase classname="tests.test_a.TestK" name="test_two[1]"><skipped message="no"/></testcase>`
+	errorB = `<testcase classname="tests.test_a.TestK" name="test_two[1]"><error message="boom"/></testcase>`
+)
+
+var ids = []string{"tests/test_a.py::test_one", "tests/test_a.py::TestK::test_two[1]"}
+
+func TestTests(t *testing.T) {
+	cases := []struct {
+		name     string
+		run      sandbox.Result
+		xml      []byte
+		status   string
+		outcomes []string
+	}{
+		{"all pass", sandbox.Result{}, junit(passA, passB), result.StatusPassed, []string{"passed", "passed"}},
+		{"one fails", sandbox.Result{ExitCode: 1}, junit(passA, failB), result.StatusFailed, []string{"passed", "failed"}},
+		{"skipped is not passed", sandbox.Result{}, junit(passA, skipB), result.StatusFailed, []string{"passed", "skipped"}},
+		{"error", sandbox.Result{ExitCode: 1}, junit(passA, errorB), result.StatusFailed, []string{"passed", "error"}},
+		{"missing test", sandbox.Result{}, junit(passA), result.StatusFailed, []string{"passed", "missing"}},
+		{"duplicate pass cannot hide a failure", sandbox.Result{ExitCode: 1}, junit(passA, failB, passB), result.StatusFailed, []string{"passed", "failed"}},
+		{"all pass but runner failed", sandbox.Result{ExitCode: 1}, junit(passA, passB), result.StatusFailed, []string{"passed", "passed"}},
+		{"no report", sandbox.Result{ExitCode: 2}, nil, result.StatusFailed, []string{"missing", "missing"}},
+		{"garbage report", sandbox.Result{}, []byte("PASSED PASSED"), result.StatusFailed, []string{"missing", "missing"}},
+		{"timeout", sandbox.Result{TimedOut: true, ExitCode: 137}, nil, result.StatusTimeout, []string{"missing", "missing"}},
+		{"oom", sandbox.Result{OOM: true, ExitCode: 137}, junit(passA), result.StatusOOM, []string{"passed", "missing"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			run := c.run
+			p := grade.Tests("tests", grade.Raw{Run: &run, JUnit: c.xml}, grade.Expected{IDs: ids})
+			if p.Status != c.status {
+				t.Errorf("status = %s, want %s (detail %q)", p.Status, c.status, p.Detail)
+			}
+			var got []string
+			for _, o := range p.Tests {
+				got = append(got, o.Outcome)
+			}
+			if diff := cmp.Diff(c.outcomes, got); diff != "" {
+				t.Errorf("outcomes (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestVerdict(t *testing.T) {
+	ok := result.Phase{Name: "apply", Status: result.StatusPassed}
+	cases := []struct {
+		name   string
+		phases []result.Phase
+		class  string
+		cats   []string
+	}{
+		{"resolved", []result.Phase{ok, {Name: "tests", Status: "passed"}, {Name: "probes", Status: "passed"}}, "", nil},
+		{"patch", []result.Phase{{Name: "apply", Status: "failed", ExitCode: grade.ExitPatchDoesNotApply}}, result.PatchApplyFailed, nil},
+		{"tests", []result.Phase{ok, {Name: "tests", Status: "failed"}, {Name: "probes", Status: "failed"}}, result.OfficialTestsFailed, nil},
+		{"probes", []result.Phase{ok, {Name: "tests", Status: "passed"}, {Name: "probes", Status: "failed", Tests: []result.TestOutcome{
+			{ID: "a", Outcome: "failed", Category: "state"}, {ID: "b", Outcome: "passed", Category: "memory"}, {ID: "c", Outcome: "missing", Category: "traffic"}}}},
+			result.ProbesFailed, []string{"state", "traffic"}},
+		{"timeout", []result.Phase{ok, {Name: "tests", Status: "timeout"}}, result.Timeout, nil},
+		{"oom", []result.Phase{ok, {Name: "tests", Status: "oom"}}, result.OOM, nil},
+		{"infra", []result.Phase{{Name: "infra", Status: "error"}}, result.InfraError, nil},
+		{"task", []result.Phase{{Name: "apply", Status: "error", ExitCode: grade.ExitNotAtBase}}, result.TaskError, nil},
+		{"nothing ran", nil, result.InfraError, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := &result.Result{Phases: c.phases}
+			grade.Verdict(r)
+			if r.FailureClass != c.class || r.Resolved != (c.class == "") {
+				t.Errorf("class = %q resolved = %v, want %q", r.FailureClass, r.Resolved, c.class)
+			}
+			if diff := cmp.Diff(c.cats, r.FailedProbeCategories); diff != "" {
+				t.Errorf("categories (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestApplyClassifiesSetupExits(t *testing.T) {
+	for code, want := range map[int]string{0: "passed", grade.ExitPatchDoesNotApply: "failed", grade.ExitNotAtBase: "error", 1: "error"} {
+		p := grade.Apply(grade.Raw{Run: &sandbox.Result{ExitCode: code}})
+		if p.Status != want {
+			t.Errorf("Apply(exit %d) = %s, want %s", code, p.Status, want)
+		}
+	}
+}

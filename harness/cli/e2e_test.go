@@ -47,14 +47,14 @@ func requireSandbox(t *testing.T) {
 }
 
 // storeFlags share one image store and unpack cache across the end-to-end tests (and across
-// runs, under .infradev/), so the Debian layers are built once.
+// runs, under .infradev/ as tools/demo uses), so the Debian layers are built once.
 func storeFlags(t *testing.T) []string {
 	root := repoRoot(t)
 	store := os.Getenv("INFRADEV_TEST_STORE")
 	if store == "" {
-		store = filepath.Join(root, ".infradev", "test-store")
+		store = filepath.Join(root, ".infradev", "store")
 	}
-	return []string{"--store", store, "--cache", filepath.Join(root, ".infradev", "test-cache")}
+	return []string{"--store", store, "--cache", filepath.Join(root, ".infradev", "cache")}
 }
 
 func infradev(t *testing.T, args ...string) (int, string, string) {
@@ -172,5 +172,19 @@ func TestRunTaskExitCodesAndJUnit(t *testing.T) {
 				t.Errorf("run-task %s: %v", filepath.Base(c.patch), err)
 			}
 		}
+	}
+}
+
+func TestValidateDemoTask(t *testing.T) {
+	requireSandbox(t)
+	root := repoRoot(t)
+	code, stdout, stderr := infradev(t, append(storeFlags(t), "validate",
+		"--probes", filepath.Join(root, "probes"), "--environments", filepath.Join(root, "environments"),
+		"--out", t.TempDir(), filepath.Join(root, "tasks/demo/minitron-0001"))...)
+	if code != 0 {
+		t.Fatalf("validate exit %d\n%s%s", code, stdout, stderr)
+	}
+	if !strings.Contains(stdout, "minitron-0001  3/3 resolved  official_tests_failed  ok") {
+		t.Errorf("validate table:\n%s", stdout)
 	}
 }

@@ -268,4 +268,3 @@ func assertNoProcess(t *testing.T, cmdlines ...string) {
 		}
 	}
 }
-

@@ -125,4 +125,3 @@ func TestSameTreeSameDigest(t *testing.T) {
 }
 
 var a1 = time.Now().Add(time.Hour)
-

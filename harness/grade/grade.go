@@ -12,6 +12,7 @@ import (
 
 	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/sandbox"
+	"github.com/infradev/infradev/harness/tamper"
 )
 
 // Exit codes of the harness's own setup scripts inside the sandbox.
@@ -26,7 +27,9 @@ type Raw struct {
 	Run *sandbox.Result
 	// JUnit is the report the test runner wrote; nil when it wrote none.
 	JUnit []byte
-	Log   string
+	// ReportProblem says why no trustworthy report arrived, when one did not.
+	ReportProblem string
+	Log           string
 }
 
 // Expected names the tests a phase must report and, for probes, what each one is.
@@ -59,6 +62,20 @@ func Apply(raw Raw) result.Phase {
 	return p
 }
 
+// Integrity grades the static checks of a submission: any finding fails it.
+func Integrity(findings []tamper.Finding) result.Phase {
+	p := result.Phase{Name: "integrity", Status: result.StatusPassed}
+	if len(findings) > 0 {
+		var msgs []string
+		for _, f := range findings {
+			msgs = append(msgs, f.String())
+		}
+		p.Status = result.StatusFailed
+		p.Detail = "the patch tampers with the test runner: " + strings.Join(msgs, "; ")
+	}
+	return p
+}
+
 // Tests grades a test phase (official tests or probes) from its JUnit report. Every expected
 // id must be reported as passed; an id that is not reported counts as failed ("missing").
 // A report of all passes from a runner that exited non-zero is not trusted.
@@ -86,7 +103,11 @@ func Tests(name string, raw Raw, want Expected) result.Phase {
 			}
 		}
 	} else if p.Status == "" {
-		p.Detail = join(p.Detail, "the test runner wrote no JUnit report")
+		problem := raw.ReportProblem
+		if problem == "" {
+			problem = "the test runner wrote no JUnit report"
+		}
+		p.Detail = join(p.Detail, "no trustworthy test report: "+problem)
 	}
 	allPassed := true
 	for _, id := range want.IDs {
@@ -151,6 +172,9 @@ func classify(p result.Phase) string {
 		return result.InfraError
 	}
 	switch p.Name {
+	case "integrity":
+		// The official tests' outcome cannot be trusted for such a patch.
+		return result.OfficialTestsFailed
 	case "apply":
 		return result.PatchApplyFailed
 	case "tests":

@@ -7,7 +7,6 @@ package runner
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -24,6 +23,7 @@ import (
 	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/sandbox"
+	"github.com/infradev/infradev/harness/tamper"
 	"github.com/infradev/infradev/harness/task"
 	"github.com/infradev/infradev/harness/unpack"
 )
@@ -53,6 +53,8 @@ type Runner struct {
 	Hardware string
 	// LogHead and LogTail bound each phase's log. Default 1MiB each.
 	LogHead, LogTail int
+	// MaxPatchBytes refuses larger submissions before anything runs. Default 16MiB.
+	MaxPatchBytes int
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 }
@@ -104,6 +106,13 @@ func (r *Runner) Run(ctx context.Context, in Inputs, out string) (*result.Result
 	return res, nil
 }
 
+func (r *Runner) maxPatch() int {
+	if r.MaxPatchBytes == 0 {
+		return 16 << 20
+	}
+	return r.MaxPatchBytes
+}
+
 func (r *Runner) hardware() string {
 	if r.Hardware == "" {
 		return "cpu"
@@ -138,6 +147,23 @@ func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result
 	}
 	defer os.RemoveAll(work)
 
+	// Phase 0: static checks of the submission itself; nothing runs for a refused patch.
+	if max := r.maxPatch(); len(in.Patch) > max {
+		res.Phases = append(res.Phases, result.Phase{Name: "apply", Status: result.StatusFailed,
+			Detail: fmt.Sprintf("the patch is %d bytes, over the %d-byte limit", len(in.Patch), max)})
+		return nil
+	}
+	findings, err := tamper.Scan(in.Patch)
+	if err != nil {
+		res.Phases = append(res.Phases, result.Phase{Name: "apply", Status: result.StatusFailed,
+			Detail: "the patch is not a valid unified diff: " + err.Error()})
+		return nil
+	}
+	res.Phases = append(res.Phases, grade.Integrity(findings))
+	if len(findings) > 0 {
+		return nil
+	}
+
 	stack, cfg, err := r.Cache.Stack(ctx, in.Layout, in.Image)
 	if err != nil {
 		return fmt.Errorf("environment: %w", err)
@@ -146,14 +172,17 @@ func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result
 	if err := r.stage(in, staging); err != nil {
 		return err
 	}
-	ov, err := sandbox.MountOverlay(stack, filepath.Join(work, "root"))
+	ov, err := sandbox.MountOverlay(stack, filepath.Join(work, "root"), t.Resources.DiskBytes)
 	if err != nil {
 		return err
 	}
 	defer ov.Unmount()
 
-	env := append(append([]string{}, cfg.Config.Env...),
-		"HOME=/tmp", "PYTHONDONTWRITEBYTECODE=1", "PYTHONHASHSEED=0", "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", "LC_ALL=C.UTF-8")
+	env := append(append([]string{}, cfg.Config.Env...), "PYTHONPATH="+inDir,
+		// PYTHONSAFEPATH: the working directory (the repository) is not put first on sys.path,
+		// so a repository cannot shadow the test runner's own modules.
+		"HOME=/tmp", "PYTHONDONTWRITEBYTECODE=1", "PYTHONHASHSEED=0", "PYTHONSAFEPATH=1",
+		"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", "LC_ALL=C.UTF-8")
 	limits := sandbox.Limits{MemoryBytes: t.Resources.MemoryBytes, Pids: int64(t.Resources.Pids), CPUs: t.Resources.CPUs}
 	base := sandbox.Spec{
 		Root:     ov.Merged,
@@ -175,7 +204,7 @@ func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result
 	}
 
 	// Phase 2: official tests, graded from the JUnit report.
-	tests := pytest(outDir+"/tests.xml", t.Tests.IDs(), "")
+	tests := pytest(t.Tests.IDs(), "")
 	raw, err = r.phase(ctx, out, "tests", base, staging, "", tests, t.Timeouts.TestsD)
 	if err != nil {
 		return err
@@ -189,9 +218,7 @@ func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result
 		ids = append(ids, p.Test)
 		infos[p.Test] = grade.ProbeInfo{ID: p.ID, Category: p.Category}
 	}
-	pspec := base
-	pspec.Env = append(append([]string{}, env...), "PYTHONPATH="+t.Repo.Path)
-	raw, err = r.phase(ctx, out, "probes", pspec, staging, in.Probes.Dir, pytest(outDir+"/probes.xml", ids, probesDir), t.Timeouts.ProbesD)
+	raw, err = r.phase(ctx, out, "probes", base, staging, in.Probes.Dir, pytest(ids, probesDir), t.Timeouts.ProbesD)
 	if err != nil {
 		return err
 	}
@@ -200,12 +227,15 @@ func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result
 }
 
 // pytest is the harness-owned test command: no cache, no plugin autoload (set in the
-// environment), JUnit to a file, exactly the expected ids. With root set, ids are relative to it.
-func pytest(junitPath string, ids []string, root string) []string {
-	args := []string{"python3", "-m", "pytest", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
-		"--junitxml=" + junitPath, "-q", "-rN"}
+// environment), the harness's report plugin, JUnit into the report pipe, exactly the expected
+// ids. With root set, ids are relative to it.
+func pytest(ids []string, root string) []string {
+	args := []string{"python3", "-m", "pytest", "-p", "no:cacheprovider", "-p", reportPluginName,
+		"-o", "junit_family=xunit1", "--junitxml=/dev/fd/4", "-q", "-rN"}
 	if root != "" {
-		args = append(args, "--rootdir="+root, "--confcutdir="+root)
+		// Probes run under the harness's own configuration (probes.ini), never the repository's;
+		// it puts the repository on sys.path once pytest has started, never before.
+		args = append(args, "-c", inDir+"/probes.ini", "--rootdir="+root, "--confcutdir="+root)
 		for _, id := range ids {
 			args = append(args, path.Join(root, id))
 		}
@@ -236,6 +266,15 @@ func (r *Runner) phase(ctx context.Context, out, name string, spec sandbox.Spec,
 	spec.Args = args
 	spec.Timeout = timeout
 	spec.Stdout, spec.Stderr = log, log
+	var ch *reportChannel
+	if name != "apply" {
+		if ch, err = openReportChannel(); err != nil {
+			log.Close()
+			return grade.Raw{}, err
+		}
+		defer ch.close()
+		spec.ExtraFiles = ch.files()
+	}
 	spec.Mounts = append(append([]sandbox.Mount{}, spec.Mounts...),
 		sandbox.Mount{Source: staging, Dest: inDir, ReadOnly: true},
 		sandbox.Mount{Source: outHost, Dest: outDir})
@@ -250,28 +289,19 @@ func (r *Runner) phase(ctx context.Context, out, name string, spec sandbox.Spec,
 		return grade.Raw{}, fmt.Errorf("%s phase: %w", name, err)
 	}
 	raw := grade.Raw{Run: run, Log: logRel}
-	xml := filepath.Join(outHost, name+".xml")
-	if data, err := readRegular(xml, 64<<20); err == nil {
-		raw.JUnit = data
-		if err := os.WriteFile(filepath.Join(out, "raw", name+".xml"), data, 0o644); err != nil {
-			return grade.Raw{}, err
-		}
-	} else if !errors.Is(err, os.ErrNotExist) {
-		raw.JUnit = nil
+	if ch == nil {
+		return raw, nil
+	}
+	data, err := ch.report()
+	if err != nil {
+		raw.ReportProblem = err.Error()
+		return raw, nil
+	}
+	raw.JUnit = data
+	if err := os.WriteFile(filepath.Join(out, "raw", name+".xml"), data, 0o644); err != nil {
+		return grade.Raw{}, err
 	}
 	return raw, nil
-}
-
-// readRegular reads a file the sandbox wrote, refusing anything but a regular file of bounded size.
-func readRegular(p string, max int64) ([]byte, error) {
-	fi, err := os.Lstat(p)
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() || fi.Size() > max {
-		return nil, fmt.Errorf("%s is not a regular file under %d bytes", p, max)
-	}
-	return os.ReadFile(p)
 }
 
 // stage writes the read-only inputs of the sandbox: the submission, the official test patch
@@ -289,9 +319,11 @@ func (r *Runner) stage(in Inputs, dir string) error {
 		return fmt.Errorf("task %s: test patch: %w", in.Task.ID, err)
 	}
 	files := map[string][]byte{
-		"submission.patch": in.Patch,
-		"tests.patch":      tp,
-		"apply.sh":         []byte(applyScript(in.Task.Repo.BaseCommit, paths)),
+		"submission.patch":       in.Patch,
+		"tests.patch":            tp,
+		"apply.sh":               []byte(applyScript(in.Task.Repo.BaseCommit, paths)),
+		reportPluginName + ".py": reportPlugin,
+		"probes.ini":             []byte("[pytest]\npythonpath = " + in.Task.Repo.Path + "\n"),
 	}
 	for name, data := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
@@ -327,8 +359,15 @@ func patchPaths(p []byte) ([]string, error) {
 	return out, nil
 }
 
-// applyScript checks the repository is at base, applies the submission all-or-nothing, then
-// resets every path of the official test patch to base (or removes it) and applies that patch.
+// runnerConfig are files that configure the test runner or the interpreter from inside the
+// repository. A submission's versions are set back to base (or removed): they could load
+// plugins or hooks that rewrite outcomes. The official test patch may still ship its own.
+var runnerConfig = []string{"conftest.py", "sitecustomize.py", "usercustomize.py",
+	"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"}
+
+// applyScript checks the repository is at base, applies the submission all-or-nothing, sets
+// runner configuration back to base, then resets every path of the official test patch to base
+// (or removes it) and applies that patch.
 func applyScript(base string, testPaths []string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `set -u
@@ -341,6 +380,18 @@ if [ -s %[3]s/submission.patch ]; then
   git apply %[3]s/submission.patch || exit %[4]d
 fi
 `, base, grade.ExitNotAtBase, inDir, grade.ExitPatchDoesNotApply)
+	var names []string
+	for _, n := range runnerConfig {
+		names = append(names, "-name "+shellQuote(n))
+	}
+	fmt.Fprintf(&b, `find . -path ./.git -prune -o ! -type d \( %[1]s \) -print | while IFS= read -r f; do
+  f=${f#./}
+  if git cat-file -e %[2]s:"$f" 2>/dev/null; then git checkout -q %[2]s -- "$f"; else rm -f -- "$f"; fi || exit %[3]d
+done || exit %[3]d
+git ls-tree -r --name-only %[2]s | { grep -E '(^|/)(%[4]s)$' || true; } | while IFS= read -r f; do
+  git checkout -q %[2]s -- "$f" || exit %[3]d
+done || exit %[3]d
+`, strings.Join(names, " -o "), base, grade.ExitTestsDoNotApply, strings.ReplaceAll(strings.Join(runnerConfig, "|"), ".", `\.`))
 	for _, p := range testPaths {
 		q := shellQuote(p)
 		fmt.Fprintf(&b, "rm -rf -- %s\nif git cat-file -e %s:%s 2>/dev/null; then git checkout -q %s -- %s || exit %d; fi\n",

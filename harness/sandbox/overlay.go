@@ -15,15 +15,26 @@ type Overlay struct {
 	// Merged is the mounted root filesystem.
 	Merged string
 	dir    string
+	tmpfs  bool
 }
 
 // MountOverlay mounts lowers (bottom layer first) under a new scratch layer kept in dir, which
-// must be empty or absent. Call Unmount when done.
-func MountOverlay(lowers []string, dir string) (*Overlay, error) {
+// must be empty or absent. With scratchBytes > 0 the scratch layer lives on a tmpfs of that
+// size, so nothing run inside can fill the host's disk. Call Unmount when done.
+func MountOverlay(lowers []string, dir string, scratchBytes int64) (*Overlay, error) {
 	if len(lowers) == 0 {
 		return nil, fmt.Errorf("overlay needs at least one lower layer")
 	}
 	o := &Overlay{Merged: filepath.Join(dir, "merged"), dir: dir}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("overlay: %w", err)
+	}
+	if scratchBytes > 0 {
+		if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, fmt.Sprintf("size=%d,mode=0755", scratchBytes)); err != nil {
+			return nil, fmt.Errorf("overlay: scratch tmpfs: %w", err)
+		}
+		o.tmpfs = true
+	}
 	for _, d := range []string{"upper", "work", "merged"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return nil, fmt.Errorf("overlay: %w", err)
@@ -40,6 +51,7 @@ func MountOverlay(lowers []string, dir string) (*Overlay, error) {
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(top, ":"),
 		filepath.Join(dir, "upper"), filepath.Join(dir, "work"))
 	if err := unix.Mount("overlay", o.Merged, "overlay", 0, opts); err != nil {
+		o.Unmount()
 		return nil, fmt.Errorf("mounting overlay at %s: %w", o.Merged, err)
 	}
 	return o, nil
@@ -52,6 +64,11 @@ func (o *Overlay) Upper() string { return filepath.Join(o.dir, "upper") }
 func (o *Overlay) Unmount() error {
 	if err := unix.Unmount(o.Merged, unix.MNT_DETACH); err != nil && err != unix.EINVAL {
 		return fmt.Errorf("unmounting %s: %w", o.Merged, err)
+	}
+	if o.tmpfs {
+		if err := unix.Unmount(o.dir, unix.MNT_DETACH); err != nil && err != unix.EINVAL {
+			return fmt.Errorf("unmounting %s: %w", o.dir, err)
+		}
 	}
 	return os.RemoveAll(o.dir)
 }

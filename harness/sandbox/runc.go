@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -69,13 +70,22 @@ func (r *Runc) Run(ctx context.Context, s Spec) (*Result, error) {
 	// The pid file is written only once the command has started: without it, a non-zero exit
 	// is the runtime's failure, not the command's.
 	pidFile := filepath.Join(bundle, "pid")
-	cmd := runtime("run", "--bundle", bundle, "--pid-file", pidFile, id)
+	runArgs := []string{"run", "--bundle", bundle, "--pid-file", pidFile}
+	if len(s.ExtraFiles) > 0 {
+		runArgs = append(runArgs, "--preserve-fds", strconv.Itoa(len(s.ExtraFiles)))
+	}
+	cmd := runtime(append(runArgs, id)...)
+	cmd.ExtraFiles = s.ExtraFiles
 	cmd.Stdin = nil
 	cmd.Stdout, cmd.Stderr = orDiscard(s.Stdout), orDiscard(s.Stderr)
 	// The runtime must outlive a cancelled context long enough to be killed properly.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	for _, f := range s.ExtraFiles {
+		f.Close()
+	}
+	if err != nil {
 		return nil, fmt.Errorf("sandbox: starting %s: %w", bin, err)
 	}
 	done := make(chan error, 1)

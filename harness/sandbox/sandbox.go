@@ -8,6 +8,7 @@ package sandbox
 import (
 	"context"
 	"io"
+	"os"
 	"time"
 )
 
@@ -37,6 +38,9 @@ type Spec struct {
 	Timeout time.Duration
 	// Stdout and Stderr receive the command's output. Default: discarded.
 	Stdout, Stderr io.Writer
+	// ExtraFiles are passed to the command as file descriptors 3, 4, ...; Run closes them once
+	// the command has started, so pipes given here see EOF when the command ends.
+	ExtraFiles []*os.File
 }
 
 // Mount binds Source on the host to Dest in the sandbox.

@@ -74,7 +74,7 @@ func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	requireRoot(t)
 	lower := busyboxRoot(t)
-	ov, err := sandbox.MountOverlay([]string{lower}, filepath.Join(t.TempDir(), "ov"))
+	ov, err := sandbox.MountOverlay([]string{lower}, filepath.Join(t.TempDir(), "ov"), 64<<20)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -69,10 +69,12 @@ func (t Tests) IDs() []string { return append(slices.Clone(t.FailToPass), t.Pass
 type Resources struct {
 	CPUs   float64 `yaml:"cpus"`
 	Memory string  `yaml:"memory"`
-	Pids   int     `yaml:"pids"`
-	GPUs   GPUs    `yaml:"gpus"`
+	// Disk bounds what an attempt may write to its scratch layer (the repository). Default 4GiB.
+	Disk string `yaml:"disk"`
+	Pids int    `yaml:"pids"`
+	GPUs GPUs   `yaml:"gpus"`
 
-	MemoryBytes int64 `yaml:"-"`
+	MemoryBytes, DiskBytes int64 `yaml:"-"`
 }
 
 // GPUs is the GPU part of Resources.
@@ -95,7 +97,8 @@ type Timeouts struct {
 
 // Defaults applied when a field is absent.
 const (
-	DefaultPids = 512
+	DefaultPids      = 512
+	DefaultDiskBytes = 4 << 30
 )
 
 var (
@@ -211,6 +214,14 @@ func (t *Task) checkResources(d *specfile.Doc) {
 		d.Errorf("resources.memory", "must be at least 16MiB, got %s", r.Memory)
 	} else {
 		r.MemoryBytes = n
+	}
+	r.DiskBytes = DefaultDiskBytes
+	if r.Disk != "" {
+		if n, err := specfile.ParseSize(r.Disk); err != nil {
+			d.Errorf("resources.disk", "%v", err)
+		} else {
+			r.DiskBytes = n
+		}
 	}
 	if r.Pids == 0 {
 		r.Pids = DefaultPids

@@ -1,0 +1,49 @@
+"""The harness's pytest plugin: the only way test outcomes leave the sandbox.
+
+pytest writes its JUnit report straight into a pipe the harness holds (fd 4). Once the run is
+over, this plugin appends a trailer carrying a nonce that the harness sent through another
+pipe (fd 3) before any test module was imported, and ends the process with os._exit, so no
+atexit handler or leftover code of the submission runs after the report. The harness accepts a
+report only if it is one XML document followed by exactly that trailer.
+"""
+
+import os
+import sys
+
+import pytest
+
+NONCE_FD = 3
+REPORT_FD = 4
+
+_state = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    with os.fdopen(NONCE_FD, "rb") as f:
+        _state["nonce"] = f.read(256).strip()
+    _state["report"] = os.fstat(REPORT_FD).st_ino
+    _state["status"] = 3
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _state["status"] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    status = _state.get("status", 3)
+    try:
+        if os.fstat(REPORT_FD).st_ino == _state.get("report"):
+            os.write(REPORT_FD, b"\n<!-- infradev-report " + _state["nonce"] + b" -->\n")
+        else:
+            status = 97  # the report pipe was replaced: send no trailer
+    except OSError:
+        status = 97
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # a closed or replaced stream must not keep the process alive
+                pass
+        os._exit(status)

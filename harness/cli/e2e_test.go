@@ -5,56 +5,23 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/infradev/infradev/harness/cli"
+	"github.com/infradev/infradev/harness/internal/testenv"
 	"github.com/infradev/infradev/harness/report"
 	"github.com/infradev/infradev/harness/result"
 )
 
-// repoRoot is the monorepo root, where tasks/, probes/ and environments/ live.
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return root
-}
+func repoRoot(t *testing.T) string { return testenv.RepoRoot(t) }
 
-// requireSandbox skips where attempts cannot run, except in CI, where that is a failure.
-func requireSandbox(t *testing.T) {
-	t.Helper()
-	var missing []string
-	if os.Geteuid() != 0 {
-		missing = append(missing, "root")
-	}
-	for _, bin := range []string{"runc", "mmdebstrap", "git"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			missing = append(missing, bin)
-		}
-	}
-	if len(missing) == 0 {
-		return
-	}
-	if os.Getenv("CI") != "" {
-		t.Fatalf("end-to-end tests need %s", strings.Join(missing, ", "))
-	}
-	t.Skipf("end-to-end tests need %s", strings.Join(missing, ", "))
-}
+func requireSandbox(t *testing.T) { testenv.RequireSandbox(t) }
 
-// storeFlags share one image store and unpack cache across the end-to-end tests (and across
-// runs, under .infradev/ as tools/demo uses), so the Debian layers are built once.
+// storeFlags point the CLI at the store and cache the end-to-end tests share.
 func storeFlags(t *testing.T) []string {
-	root := repoRoot(t)
-	store := os.Getenv("INFRADEV_TEST_STORE")
-	if store == "" {
-		store = filepath.Join(root, ".infradev", "store")
-	}
-	return []string{"--store", store, "--cache", filepath.Join(root, ".infradev", "cache")}
+	return []string{"--store", testenv.Store(t), "--cache", testenv.Cache(t)}
 }
 
 func infradev(t *testing.T, args ...string) (int, string, string) {

@@ -110,16 +110,17 @@ func envOr(key, def string) string {
 
 func (g *globals) imageStore() image.Store { return image.Store{Dir: g.store} }
 
-// runner wires the attempt runner: runc sandbox, unpack cache, scratch space.
-func (g *globals) runner() (*runner.Runner, error) {
+// runner wires the attempt runner: runc sandbox, unpack cache, scratch space, and one retry
+// of attempts that end in an infrastructure error.
+func (g *globals) runner() (runner.Attempter, error) {
 	cache, err := filepath.Abs(g.cache)
 	if err != nil {
 		return nil, err
 	}
-	return &runner.Runner{
+	return runner.Retry{Attempter: &runner.Runner{
 		Sandbox: &sandbox.Runc{Binary: envOr("INFRADEV_RUNTIME", "runc"), StateDir: filepath.Join(cache, "sandbox")},
 		Cache:   unpack.Cache{Dir: filepath.Join(cache, "unpacked")},
 		Scratch: filepath.Join(cache, "scratch"),
 		Harness: Version,
-	}, nil
+	}}, nil
 }

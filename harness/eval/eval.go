@@ -29,8 +29,9 @@ type Config struct {
 	TasksRoot, ProbesRoot, EnvsRoot string
 	Store                           image.Store
 	// Out is the results root; results go under Out/RunID.
-	Out    string
-	Runner *runner.Runner
+	Out string
+	// Runner runs attempts (e.g. a runner.Retry around a runner.Runner).
+	Runner runner.Attempter
 	// Log receives one line per attempt. Default: discarded.
 	Log io.Writer
 }

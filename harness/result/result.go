@@ -52,6 +52,10 @@ type Result struct {
 	// FailedProbeCategories lists the categories of failed probes, sorted, without repeats.
 	FailedProbeCategories []string `json:"failed_probe_categories,omitempty"`
 
+	// RetriedInfraErrors are the reasons of earlier attempts of the same inputs that ended in
+	// an infrastructure error and were run again.
+	RetriedInfraErrors []string `json:"retried_infra_errors,omitempty"`
+
 	Phases     []Phase   `json:"phases"`
 	StartedAt  time.Time `json:"started_at"`
 	FinishedAt time.Time `json:"finished_at"`

@@ -230,8 +230,9 @@ func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result
 // environment), the harness's report plugin, JUnit into the report pipe, exactly the expected
 // ids. With root set, ids are relative to it.
 func pytest(ids []string, root string) []string {
+	// -s: output streams to the capped log instead of piling up in pytest's capture files.
 	args := []string{"python3", "-m", "pytest", "-p", "no:cacheprovider", "-p", reportPluginName,
-		"-o", "junit_family=xunit1", "--junitxml=/dev/fd/4", "-q", "-rN"}
+		"-o", "junit_family=xunit1", "--junitxml=/dev/fd/4", "-q", "-rN", "-s"}
 	if root != "" {
 		// Probes run under the harness's own configuration (probes.ini), never the repository's;
 		// it puts the repository on sys.path once pytest has started, never before.
@@ -318,6 +319,7 @@ func (r *Runner) stage(in Inputs, dir string) error {
 	if err != nil {
 		return fmt.Errorf("task %s: test patch: %w", in.Task.ID, err)
 	}
+	paths = officialPaths(paths, in.Task.Tests.IDs())
 	files := map[string][]byte{
 		"submission.patch":       in.Patch,
 		"tests.patch":            tp,
@@ -331,6 +333,24 @@ func (r *Runner) stage(in Inputs, dir string) error {
 		}
 	}
 	return nil
+}
+
+// officialPaths adds the files holding the official tests to the test patch's paths: every one
+// of them is put back as the harness has it, whatever the submission did to it.
+func officialPaths(patchPaths, ids []string) []string {
+	set := map[string]bool{}
+	for _, p := range patchPaths {
+		set[p] = true
+	}
+	for _, id := range ids {
+		set[strings.SplitN(id, "::", 2)[0]] = true
+	}
+	out := make([]string, 0, len(set))
+	for p := range set {
+		out = append(out, p)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // patchPaths lists every path a patch touches (old and new names), sorted.
@@ -366,8 +386,8 @@ var runnerConfig = []string{"conftest.py", "sitecustomize.py", "usercustomize.py
 	"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"}
 
 // applyScript checks the repository is at base, applies the submission all-or-nothing, sets
-// runner configuration back to base, then resets every path of the official test patch to base
-// (or removes it) and applies that patch.
+// runner configuration back to base, then resets every official test file and every path of
+// the official test patch to base (or removes it) and applies that patch.
 func applyScript(base string, testPaths []string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `set -u

@@ -1,0 +1,62 @@
+package runner
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/infradev/infradev/harness/result"
+)
+
+// Attempter runs attempts and names the key under which their results may be reused.
+type Attempter interface {
+	Run(ctx context.Context, in Inputs, out string) (*result.Result, error)
+	Digests(in Inputs) (result.Inputs, error)
+}
+
+// Retry runs an attempt again when it ends in an infrastructure error: such a fault is the
+// harness's, never the submission's. The failed attempts' folders are kept inside the final
+// run folder as infra-attempt-N/, and their reasons are recorded in the result.
+type Retry struct {
+	Attempter
+	// Max is how many times to retry. Default 1.
+	Max int
+}
+
+// Run implements Attempter.
+func (r Retry) Run(ctx context.Context, in Inputs, out string) (*result.Result, error) {
+	max := r.Max
+	if max == 0 {
+		max = 1
+	}
+	var reasons, kept []string
+	for {
+		res, err := r.Attempter.Run(ctx, in, out)
+		if err != nil {
+			return nil, err
+		}
+		if res.FailureClass == result.InfraError && len(kept) < max {
+			keep := fmt.Sprintf("%s.infra-%d", out, len(kept)+1)
+			_ = os.RemoveAll(keep)
+			if err := os.Rename(out, keep); err != nil {
+				return nil, fmt.Errorf("keeping the failed attempt: %w", err)
+			}
+			reasons, kept = append(reasons, res.Reason), append(kept, keep)
+			continue
+		}
+		if len(kept) == 0 {
+			return res, nil
+		}
+		for i, dir := range kept {
+			if err := os.Rename(dir, filepath.Join(out, fmt.Sprintf("infra-attempt-%d", i+1))); err != nil {
+				return nil, err
+			}
+		}
+		res.RetriedInfraErrors = reasons
+		if err := result.Write(filepath.Join(out, "result.json"), res); err != nil {
+			return nil, err
+		}
+		return res, nil
+	}
+}

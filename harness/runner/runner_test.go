@@ -1,0 +1,357 @@
+package runner_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rogpeppe/go-internal/txtar"
+
+	"github.com/infradev/infradev/harness/digest"
+	"github.com/infradev/infradev/harness/internal/testenv"
+	"github.com/infradev/infradev/harness/predictions"
+	"github.com/infradev/infradev/harness/probe"
+	"github.com/infradev/infradev/harness/report"
+	"github.com/infradev/infradev/harness/result"
+	"github.com/infradev/infradev/harness/runner"
+	"github.com/infradev/infradev/harness/sandbox"
+	"github.com/infradev/infradev/harness/task"
+)
+
+// adversarialTask is minitron-0001 with short timeouts and tight limits, so the suite's
+// timeouts and memory hogs end quickly.
+func adversarialTask(t *testing.T) (*task.Task, *probe.Set) {
+	tk, ps := testenv.Task(t, "demo", "minitron-0001")
+	c := *tk
+	c.Timeouts.ApplyD, c.Timeouts.TestsD, c.Timeouts.ProbesD = 30*time.Second, 10*time.Second, 10*time.Second
+	c.Resources.MemoryBytes, c.Resources.DiskBytes, c.Resources.Pids = 512<<20, 1<<30, 128
+	return &c, ps
+}
+
+// samplePatch returns a model's patch from the skeleton predictions file.
+func samplePatch(t *testing.T, model string) string {
+	ps, err := predictions.Read(filepath.Join(testenv.RepoRoot(t), "tasks/demo/predictions/skeleton.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		if p.Model == model {
+			return p.Patch
+		}
+	}
+	t.Fatalf("no prediction from %s", model)
+	return ""
+}
+
+// caseSpec is one adversarial case: where it starts, what it writes, what it must get.
+type caseSpec struct {
+	name, start, want string
+	checks            map[string]bool
+	archive           *txtar.Archive
+	binary            string
+	huge              int
+}
+
+func loadCases(t *testing.T) []caseSpec {
+	files, err := filepath.Glob("testdata/adversarial/*.txtar")
+	if err != nil || len(files) < 25 {
+		t.Fatalf("adversarial cases: %d files (%v), want at least 25", len(files), err)
+	}
+	var out []caseSpec
+	for _, f := range files {
+		a, err := txtar.ParseFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := caseSpec{name: strings.TrimSuffix(filepath.Base(f), ".txtar"), start: "base", archive: a, checks: map[string]bool{}}
+		for _, line := range strings.Split(string(a.Comment), "\n") {
+			k, v, ok := strings.Cut(line, ": ")
+			if !ok {
+				continue
+			}
+			switch k {
+			case "start":
+				c.start = v
+			case "want":
+				c.want = v
+			case "binary":
+				c.binary = v
+			case "huge":
+				c.huge, _ = strconv.Atoi(v)
+			case "checks":
+				for _, ch := range strings.Split(v, ",") {
+					c.checks[strings.TrimSpace(ch)] = true
+				}
+			}
+		}
+		if c.want == "" {
+			t.Fatalf("%s: no 'want:' line", f)
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// patchFor makes the case's submission: a real git diff against the demo repository's base.
+func patchFor(t *testing.T, c caseSpec, port int) []byte {
+	t.Helper()
+	if c.huge > 0 {
+		return bytes.Repeat([]byte("+"), c.huge)
+	}
+	for _, f := range c.archive.Files {
+		if f.Name == "raw.patch" {
+			return f.Data
+		}
+	}
+	dir := t.TempDir()
+	src := filepath.Join(testenv.RepoRoot(t), "environments/demo/minitron")
+	git := func(stdin string, args ...string) string {
+		cmd := exec.Command("git", args...)
+		cmd.Dir = dir
+		cmd.Stdin = strings.NewReader(stdin)
+		cmd.Env = append(os.Environ(), "GIT_CONFIG_GLOBAL=/dev/null", "GIT_CEILING_DIRECTORIES="+filepath.Dir(dir))
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	if out, err := exec.Command("cp", "-a", src+"/.", dir).CombinedOutput(); err != nil {
+		t.Fatalf("copying the demo repository: %v %s", err, out)
+	}
+	git("", "init", "-q")
+	git("", "add", "-A")
+	git("", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+	switch c.start {
+	case "gold":
+		gold, _ := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "tasks/demo/minitron-0001/gold.patch"))
+		git(string(gold), "apply")
+	case "fails-probe":
+		git(samplePatch(t, "sample/fails-probe"), "apply")
+	case "empty":
+		return nil
+	}
+	for _, f := range c.archive.Files {
+		name := f.Name
+		if rest, ok := strings.CutPrefix(name, "delete:"); ok {
+			if err := os.Remove(filepath.Join(dir, rest)); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		data := bytes.ReplaceAll(f.Data, []byte("{{PORT}}"), []byte(strconv.Itoa(port)))
+		p := filepath.Join(dir, name)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c.binary != "" {
+		blob := make([]byte, 4096)
+		rand.Read(blob)
+		os.WriteFile(filepath.Join(dir, c.binary), blob, 0o644)
+	}
+	git("", "add", "-A")
+	return []byte(git("", "diff", "--cached", "--binary"))
+}
+
+// TestAdversarialSuite runs every case in testdata/adversarial through the real runner and
+// checks its verdict and failure class, that the harness never fails, and that the host (image
+// layers, task and probe files, processes, the host's loopback) is unchanged.
+func TestAdversarialSuite(t *testing.T) {
+	testenv.RequireSandbox(t)
+	tk, ps := adversarialTask(t)
+	r := testenv.Runner(t, nil)
+	in := testenv.Inputs(t, tk, ps, nil)
+	stack, _, err := r.Cache.Stack(context.Background(), in.Layout, in.Image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	guarded := append(append([]string{}, stack...), tk.Dir, ps.Dir)
+	before := treeDigests(t, guarded)
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var accepted atomic.Int32
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			c.Close()
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+
+	for _, c := range loadCases(t) {
+		t.Run(c.name, func(t *testing.T) {
+			in := in
+			in.Patch = patchFor(t, c, port)
+			out := t.TempDir()
+			res, err := runner.Retry{Attempter: r}.Run(context.Background(), in, out)
+			if err != nil {
+				t.Fatalf("the harness failed: %v", err)
+			}
+			got := res.FailureClass
+			if res.Resolved {
+				got = "resolved"
+			}
+			if got != c.want {
+				t.Errorf("verdict %q (reason %q), want %q", got, res.Reason, c.want)
+			}
+			if c.checks["listener"] && accepted.Load() != 0 {
+				t.Errorf("the host's loopback listener accepted %d connections", accepted.Load())
+			}
+			if c.checks["processes"] {
+				assertNoProcess(t, "sleep 987654")
+			}
+			if c.checks["logs"] {
+				for _, l := range []string{"tests.log", "probes.log"} {
+					if fi, err := os.Stat(filepath.Join(out, "logs", l)); err != nil || fi.Size() > 3<<20 {
+						t.Errorf("log %s: %v, size over 3MiB or missing", l, err)
+					}
+				}
+			}
+		})
+	}
+	if after := treeDigests(t, guarded); !equal(before, after) {
+		for i := range guarded {
+			if before[i] != after[i] {
+				t.Errorf("%s changed during the suite", guarded[i])
+			}
+		}
+	}
+	if accepted.Load() != 0 {
+		t.Errorf("the host's loopback listener accepted %d connections", accepted.Load())
+	}
+	assertNoProcess(t, "sleep 987654")
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mounts), r.Scratch) {
+		t.Errorf("mounts left under the scratch directory:\n%s", mounts)
+	}
+}
+
+// failingRuntime is a runc wrapper that kills itself on its first "run", as a crashed
+// container runtime would, then behaves.
+func failingRuntime(t *testing.T) string {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "runc")
+	body := "#!/bin/sh\nfor a in \"$@\"; do\n  if [ \"$a\" = run ] && [ ! -e " + dir + "/crashed ]; then touch " + dir + "/crashed; kill -9 $$; fi\ndone\nexec runc \"$@\"\n"
+	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return script
+}
+
+func TestInfrastructureFaultsAreRetriedAndNotCounted(t *testing.T) {
+	testenv.RequireSandbox(t)
+	tk, ps := testenv.Task(t, "demo", "minitron-0001")
+	gold, _ := os.ReadFile(tk.File(tk.Gold))
+	state := filepath.Join(testenv.Cache(t), "sandbox")
+
+	t.Run("runtime missing", func(t *testing.T) {
+		r := testenv.Runner(t, &sandbox.Runc{Binary: "/nonexistent/runc", StateDir: state})
+		out := t.TempDir()
+		res, err := runner.Retry{Attempter: r}.Run(context.Background(), testenv.Inputs(t, tk, ps, gold), out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.FailureClass != result.InfraError || len(res.RetriedInfraErrors) != 1 {
+			t.Fatalf("class %q, %d retries; want infra_error after 1 retry (reason %q)", res.FailureClass, len(res.RetriedInfraErrors), res.Reason)
+		}
+		if _, err := os.Stat(filepath.Join(out, "infra-attempt-1", "result.json")); err != nil {
+			t.Errorf("the first attempt's folder was not kept: %v", err)
+		}
+		s := report.Summarize("r", []*result.Result{res})
+		if m := s.Models[0]; m.ErrorInstances != 1 || m.UnresolvedInstances != 0 || m.CompletedInstances != 0 {
+			t.Errorf("report counts %+v: an infrastructure error must not count against the submission", m)
+		}
+		if got := report.Verdict(res); got != "not run (infrastructure error)" {
+			t.Errorf("verdict %q", got)
+		}
+	})
+
+	t.Run("runtime killed once", func(t *testing.T) {
+		r := testenv.Runner(t, &sandbox.Runc{Binary: failingRuntime(t), StateDir: state})
+		res, err := runner.Retry{Attempter: r}.Run(context.Background(), testenv.Inputs(t, tk, ps, gold), t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Resolved || len(res.RetriedInfraErrors) != 1 || !strings.Contains(res.RetriedInfraErrors[0], "did not start") {
+			t.Errorf("resolved=%v retried=%q; want resolved after one retried infra error", res.Resolved, res.RetriedInfraErrors)
+		}
+	})
+}
+
+func TestVerdictRepeats(t *testing.T) {
+	testenv.RequireSandbox(t)
+	tk, ps := testenv.Task(t, "demo", "minitron-0001")
+	r := testenv.Runner(t, nil)
+	for _, model := range []string{"sample/gold", "sample/fails-probe"} {
+		in := testenv.Inputs(t, tk, ps, []byte(samplePatch(t, model)))
+		var first string
+		for i := 0; i < 5; i++ {
+			res, err := r.Run(context.Background(), in, t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := verdictKey(res)
+			if i == 0 {
+				first = got
+			} else if got != first {
+				t.Errorf("%s run %d: %s, run 1: %s", model, i+1, got, first)
+			}
+		}
+	}
+}
+
+func verdictKey(r *result.Result) string {
+	var b strings.Builder
+	b.WriteString(strconv.FormatBool(r.Resolved) + " " + r.FailureClass)
+	for _, p := range r.Phases {
+		b.WriteString(" " + p.Name + "=" + p.Status)
+		for _, o := range p.Tests {
+			b.WriteString(" " + o.ID + ":" + o.Outcome)
+		}
+	}
+	return b.String()
+}
+
+func treeDigests(t *testing.T, dirs []string) []string {
+	var out []string
+	for _, d := range dirs {
+		h, err := digest.Tree(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, h)
+	}
+	return out
+}
+
+func equal(a, b []string) bool { return strings.Join(a, ",") == strings.Join(b, ",") }
+
+func assertNoProcess(t *testing.T, cmdline string) {
+	t.Helper()
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.TrimSpace(strings.ReplaceAll(string(data), "\x00", " ")) == cmdline {
+			t.Errorf("process %q (pid %s) outlived its attempt", cmdline, e.Name())
+		}
+	}
+}

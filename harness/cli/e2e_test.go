@@ -70,6 +70,8 @@ func TestEvalSkeletonPredictions(t *testing.T) {
 		"sample/empty":        {"not resolved (tests)", result.OfficialTestsFailed},
 		"sample/breaks-tests": {"not resolved (tests)", result.OfficialTestsFailed},
 		"sample/fails-probe":  {"not resolved (probe: state)", result.ProbesFailed},
+		// Passes every official test and every functional probe; only the memory budget catches it.
+		"sample/wastes-memory": {"not resolved (probe: memory)", result.ProbesFailed},
 	}
 	if len(s.Models) != len(want) {
 		t.Fatalf("report has %d models, want %d:\n%s", len(s.Models), len(want), data)
@@ -95,8 +97,8 @@ func TestEvalSkeletonPredictions(t *testing.T) {
 
 	// The same command again reuses every stored result: nothing runs twice.
 	code, _, stderr = infradev(t, args...)
-	if code != 0 || strings.Count(stderr, "(cached)") != 4 {
-		t.Errorf("rerun exit %d, log:\n%s\nwant 4 cached attempts", code, stderr)
+	if code != 0 || strings.Count(stderr, "(cached)") != 5 {
+		t.Errorf("rerun exit %d, log:\n%s\nwant 5 cached attempts", code, stderr)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/infradev/infradev/harness/envspec"
 	"github.com/infradev/infradev/harness/image"
 	"github.com/infradev/infradev/harness/probe"
+	"github.com/infradev/infradev/harness/report"
 	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/runner"
 	"github.com/infradev/infradev/harness/specfile"
@@ -23,6 +24,7 @@ func newValidateCmd(g *globals) *cobra.Command {
 		probes, envs, out string
 		runs              int
 		schemaOnly        bool
+		updateBaseline    bool
 	}
 	cmd := &cobra.Command{
 		Use:   "validate [TASK_DIR...]",
@@ -107,24 +109,46 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 				if err != nil {
 					return err
 				}
-				run := func(name string, patch []byte) (*result.Result, error) {
+				run := func(name string, patch []byte, measure bool) (*result.Result, error) {
 					return r.Run(cmd.Context(), runner.Inputs{Task: it.t, Probes: it.p, Layout: layout, Image: img,
-						Patch: patch, Model: name}, filepath.Join(o.out, it.t.ID, name))
+						Patch: patch, Model: name, MeasureBudgets: measure}, filepath.Join(o.out, it.t.ID, name))
 				}
 				var problems []string
+				var golds []*result.Result
 				goldOK := 0
 				for i := 0; i < o.runs; i++ {
-					res, err := run(fmt.Sprintf("gold-%d", i+1), gold)
+					res, err := run(fmt.Sprintf("gold-%d", i+1), gold, true)
 					if err != nil {
 						return exitf(ExitInfra, "%v", err)
 					}
+					golds = append(golds, res)
 					if res.Resolved {
 						goldOK++
 					} else {
 						problems = append(problems, fmt.Sprintf("gold run %d: %s", i+1, res.Reason))
 					}
 				}
-				empty, err := run("empty", nil)
+				if flaky := report.Flaky(golds); len(flaky) > 0 {
+					problems = append(problems, "flaky across gold runs: "+strings.Join(flaky, ", "))
+				}
+				if len(it.p.Budgeted()) > 0 && goldOK == o.runs {
+					note, err := baseline(it.t, it.p, golds, img, o.updateBaseline)
+					if err != nil {
+						return err
+					}
+					fmt.Fprintf(cmd.ErrOrStderr(), "%s: %s\n", it.t.ID, note)
+					if it.p, err = probe.Load(it.p.Dir, it.t.ID); err != nil {
+						return err
+					}
+					judged, err := run("gold-budgets", gold, false)
+					if err != nil {
+						return exitf(ExitInfra, "%v", err)
+					}
+					if !judged.Resolved {
+						problems = append(problems, "gold fails its own budgets: "+judged.Reason)
+					}
+				}
+				empty, err := run("empty", nil, false)
 				if err != nil {
 					return exitf(ExitInfra, "%v", err)
 				}
@@ -152,7 +176,39 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 	f.StringVar(&o.out, "out", ".infradev/validate", "where validation runs are written")
 	f.IntVar(&o.runs, "runs", 3, "how many times gold must resolve")
 	f.BoolVar(&o.schemaOnly, "schema-only", false, "check specs only; run nothing")
+	f.BoolVar(&o.updateBaseline, "update-baseline", false, "rewrite baseline.json from this run's gold figures")
 	return cmd
+}
+
+// baseline writes the budgeted probes' gold figures (the largest over the runs) to the probes'
+// baseline.json when there is none or when asked to, and says what it did.
+func baseline(t *task.Task, ps *probe.Set, golds []*result.Result, image string, update bool) (string, error) {
+	if ps.Baseline != nil && !update {
+		return "baseline.json kept (--update-baseline rewrites it)", nil
+	}
+	b := &probe.Baseline{Task: t.ID, Environment: image, Harness: Version, Runs: len(golds), Probes: map[string]probe.Figures{}}
+	for _, g := range golds {
+		p := g.Phase("probes")
+		if p == nil {
+			continue
+		}
+		for _, o := range p.Tests {
+			f := b.Probes[o.Probe]
+			f.PeakMemoryBytes = max(f.PeakMemoryBytes, o.PeakMemoryBytes)
+			f.WallSeconds = max(f.WallSeconds, o.WallSeconds)
+			if o.PeakMemoryBytes > 0 {
+				b.Probes[o.Probe] = f
+			}
+		}
+	}
+	if err := probe.WriteBaseline(ps.Dir, b); err != nil {
+		return "", err
+	}
+	var parts []string
+	for id, f := range b.Probes {
+		parts = append(parts, fmt.Sprintf("%s peak %.1fMiB wall %.2fs", id, float64(f.PeakMemoryBytes)/(1<<20), f.WallSeconds))
+	}
+	return "baseline.json written: " + strings.Join(parts, "; "), nil
 }
 
 func orDash(s string) string {

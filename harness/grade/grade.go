@@ -10,6 +10,7 @@ import (
 
 	"github.com/joshdk/go-junit"
 
+	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/sandbox"
 	"github.com/infradev/infradev/harness/tamper"
@@ -138,6 +139,68 @@ func Tests(name string, raw Raw, want Expected) result.Phase {
 	return p
 }
 
+// Budget checks a budgeted probe's outcome against gold's figures. The probe must already
+// pass; base nil means no baseline was measured, which is the task's fault. measureOnly
+// records the figures without judging them (used to measure gold).
+func Budget(o *result.TestOutcome, run *sandbox.Result, b probe.Budget, base *probe.Figures, measureOnly bool) {
+	o.PeakMemoryBytes, o.WallSeconds = run.PeakMemory, run.Wall.Seconds()
+	if o.Outcome != result.StatusPassed || measureOnly {
+		return
+	}
+	if base == nil {
+		o.Outcome, o.Message = result.StatusError, "no gold baseline for this budget: run infradev validate"
+		return
+	}
+	var over []string
+	if b.PeakMemoryFactor > 0 && float64(run.PeakMemory) > b.PeakMemoryFactor*float64(base.PeakMemoryBytes) {
+		over = append(over, fmt.Sprintf("peak memory %s is %.2fx gold's %s (budget %.2fx)", mib(run.PeakMemory),
+			float64(run.PeakMemory)/float64(base.PeakMemoryBytes), mib(base.PeakMemoryBytes), b.PeakMemoryFactor))
+	}
+	if b.WallFactor > 0 && run.Wall.Seconds() > b.WallFactor*base.WallSeconds {
+		over = append(over, fmt.Sprintf("wall time %.2fs is %.2fx gold's %.2fs (budget %.2fx)", run.Wall.Seconds(),
+			run.Wall.Seconds()/base.WallSeconds, base.WallSeconds, b.WallFactor))
+	}
+	if len(over) > 0 {
+		o.Outcome, o.Message = result.OverBudget, strings.Join(over, "; ")
+	}
+}
+
+func mib(n int64) string { return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20)) }
+
+// Merge folds the phase of one probe's own run into the probes phase: tests appended, times
+// added, peak memory the larger, and the worse status kept.
+func Merge(into *result.Phase, p result.Phase) {
+	into.Tests = append(into.Tests, p.Tests...)
+	into.WallSeconds += p.WallSeconds
+	into.CPUSeconds += p.CPUSeconds
+	if p.PeakMemoryBytes > into.PeakMemoryBytes {
+		into.PeakMemoryBytes = p.PeakMemoryBytes
+	}
+	into.Detail = join(into.Detail, p.Detail)
+	for _, t := range p.Tests {
+		if t.Outcome != result.StatusPassed && p.Status == result.StatusPassed {
+			p.Status = result.StatusFailed
+		}
+	}
+	if severity(p.Status) > severity(into.Status) {
+		into.Status, into.ExitCode = p.Status, p.ExitCode
+	}
+}
+
+func severity(status string) int {
+	switch status {
+	case result.StatusPassed:
+		return 0
+	case result.StatusFailed:
+		return 1
+	case result.StatusOOM:
+		return 2
+	case result.StatusTimeout:
+		return 3
+	}
+	return 4
+}
+
 // Verdict fills r's verdict from its phases: resolved only if every phase passed. The failure
 // class is that of the first phase that did not pass.
 func Verdict(r *result.Result) {
@@ -193,7 +256,11 @@ func reason(p result.Phase) string {
 			if t.Probe != "" {
 				id = fmt.Sprintf("%s (%s)", t.Probe, t.Category)
 			}
-			failed = append(failed, id+": "+t.Outcome)
+			entry := id + ": " + t.Outcome
+			if t.Outcome == result.OverBudget {
+				entry += " (" + t.Message + ")"
+			}
+			failed = append(failed, entry)
 		}
 	}
 	parts := []string{}

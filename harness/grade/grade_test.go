@@ -3,10 +3,12 @@ package grade_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/infradev/infradev/harness/grade"
+	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/sandbox"
 )
@@ -103,5 +105,56 @@ func TestApplyClassifiesSetupExits(t *testing.T) {
 		if p.Status != want {
 			t.Errorf("Apply(exit %d) = %s, want %s", code, p.Status, want)
 		}
+	}
+}
+
+func TestBudget(t *testing.T) {
+	base := &probe.Figures{PeakMemoryBytes: 100 << 20, WallSeconds: 2}
+	b := probe.Budget{PeakMemoryFactor: 1.3, WallFactor: 2}
+	cases := []struct {
+		name    string
+		outcome string
+		run     sandbox.Result
+		base    *probe.Figures
+		measure bool
+		want    string
+	}{
+		{"within", "passed", sandbox.Result{PeakMemory: 120 << 20, Wall: 3 * time.Second}, base, false, "passed"},
+		{"double memory", "passed", sandbox.Result{PeakMemory: 200 << 20, Wall: time.Second}, base, false, "over_budget"},
+		{"too slow", "passed", sandbox.Result{PeakMemory: 50 << 20, Wall: 5 * time.Second}, base, false, "over_budget"},
+		{"failed stays failed", "failed", sandbox.Result{PeakMemory: 500 << 20}, base, false, "failed"},
+		{"no baseline is the task's fault", "passed", sandbox.Result{PeakMemory: 1}, nil, false, "error"},
+		{"measuring gold judges nothing", "passed", sandbox.Result{PeakMemory: 500 << 20}, nil, true, "passed"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			o := result.TestOutcome{Outcome: c.outcome}
+			run := c.run
+			grade.Budget(&o, &run, b, c.base, c.measure)
+			if o.Outcome != c.want {
+				t.Errorf("outcome %q (%s), want %q", o.Outcome, o.Message, c.want)
+			}
+			if o.PeakMemoryBytes != c.run.PeakMemory {
+				t.Errorf("figures not recorded: %d", o.PeakMemoryBytes)
+			}
+		})
+	}
+	o := result.TestOutcome{Outcome: "passed"}
+	grade.Budget(&o, &sandbox.Result{PeakMemory: 200 << 20}, b, base, false)
+	if !strings.Contains(o.Message, "peak memory 200.0MiB is 2.00x gold's 100.0MiB (budget 1.30x)") {
+		t.Errorf("message %q", o.Message)
+	}
+}
+
+func TestMergeKeepsTheWorse(t *testing.T) {
+	into := result.Phase{Name: "probes", Status: "passed", WallSeconds: 1, PeakMemoryBytes: 10}
+	grade.Merge(&into, result.Phase{Status: "passed", WallSeconds: 2, PeakMemoryBytes: 30,
+		Tests: []result.TestOutcome{{ID: "x", Outcome: result.OverBudget, Category: "memory"}}})
+	if into.Status != "failed" || into.WallSeconds != 3 || into.PeakMemoryBytes != 30 || len(into.Tests) != 1 {
+		t.Errorf("merged = %+v", into)
+	}
+	grade.Merge(&into, result.Phase{Status: "timeout"})
+	if into.Status != "timeout" {
+		t.Errorf("status %q after a timed-out probe run, want timeout", into.Status)
 	}
 }

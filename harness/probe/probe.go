@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/infradev/infradev/harness/specfile"
@@ -27,14 +28,28 @@ type Set struct {
 
 	// Dir is the probes directory; probe test ids are relative to it.
 	Dir string `yaml:"-"`
+	// Baseline is gold's measured figures (baseline.json), nil when not measured yet.
+	Baseline *Baseline `yaml:"-"`
 }
 
 // Probe is one hidden check: one test id in a probe file.
 type Probe struct {
-	ID          string `yaml:"id"`
-	Category    string `yaml:"category"`
-	Test        string `yaml:"test"`
-	Description string `yaml:"description"`
+	ID          string  `yaml:"id"`
+	Category    string  `yaml:"category"`
+	Test        string  `yaml:"test"`
+	Description string  `yaml:"description"`
+	Budget      *Budget `yaml:"budget"`
+}
+
+// Budget bounds a probe's resource use relative to the gold patch's measured baseline. A probe
+// with a budget runs alone, so the figures of its sandbox run are its own.
+type Budget struct {
+	// PeakMemory is a factor such as "1.3x": peak memory at most 1.3 times gold's.
+	PeakMemory string `yaml:"peak_memory"`
+	// Wall is a factor such as "2x": wall time at most twice gold's.
+	Wall string `yaml:"wall"`
+
+	PeakMemoryFactor, WallFactor float64 `yaml:"-"`
 }
 
 var (
@@ -86,11 +101,50 @@ func Load(dir, taskID string) (*Set, error) {
 			}
 		}
 		tests[p.Test] = true
+		if p.Budget != nil {
+			checkBudget(doc, i, &s.Probes[i])
+		}
 	}
 	if err := doc.Errs.Err(); err != nil {
 		return nil, err
 	}
+	b, err := ReadBaseline(dir)
+	if err != nil {
+		return nil, err
+	}
+	s.Baseline = b
 	return s, nil
+}
+
+var factorRe = regexp.MustCompile(`^([0-9]+(\.[0-9]+)?)x$`)
+
+func checkBudget(doc *specfile.Doc, i int, p *Probe) {
+	at := func(f string) string { return fmt.Sprintf("probes[%d].budget.%s", i, f) }
+	b := p.Budget
+	parse := func(field, v string, dst *float64) {
+		if v == "" {
+			return
+		}
+		m := factorRe.FindStringSubmatch(v)
+		if m == nil {
+			doc.Errorf(at(field), "must be a factor of gold's figure such as 1.5x, got %q", v)
+			return
+		}
+		f, _ := strconv.ParseFloat(m[1], 64)
+		if f < 1 {
+			doc.Errorf(at(field), "must be at least 1x (gold itself must fit), got %q", v)
+			return
+		}
+		*dst = f
+	}
+	parse("peak_memory", b.PeakMemory, &b.PeakMemoryFactor)
+	parse("wall", b.Wall, &b.WallFactor)
+	if b.PeakMemory == "" && b.Wall == "" {
+		doc.Errorf(fmt.Sprintf("probes[%d].budget", i), "must set peak_memory or wall")
+	}
+	if p.Category != "memory" && p.Category != "time" {
+		doc.Errorf(fmt.Sprintf("probes[%d].category", i), "a probe with a budget must be in category memory or time, got %q", p.Category)
+	}
 }
 
 // IDs returns every probe's test id, in spec order.

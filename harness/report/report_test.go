@@ -82,3 +82,20 @@ func TestJUnitIsReadableByAJUnitParser(t *testing.T) {
 		}
 	}
 }
+
+func TestFlaky(t *testing.T) {
+	run := func(outcomes ...string) *result.Result {
+		p := result.Phase{Name: "tests"}
+		for i, o := range outcomes {
+			p.Tests = append(p.Tests, result.TestOutcome{ID: string(rune('a' + i)), Outcome: o})
+		}
+		return &result.Result{Phases: []result.Phase{p}}
+	}
+	got := report.Flaky([]*result.Result{run("passed", "passed", "failed"), run("passed", "failed", "failed"), run("passed", "passed", "failed")})
+	if strings.Join(got, ",") != "b" {
+		t.Errorf("Flaky() = %v, want [b]", got)
+	}
+	if got := report.Flaky([]*result.Result{run("passed"), run("passed")}); len(got) != 0 {
+		t.Errorf("Flaky() = %v on identical runs", got)
+	}
+}

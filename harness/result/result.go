@@ -79,6 +79,8 @@ const (
 	StatusOOM     = "oom"
 	StatusError   = "error"
 	StatusSkipped = "skipped"
+	// OverBudget is a test outcome: the probe passed but used more than its budget.
+	OverBudget = "over_budget"
 )
 
 // Phase is one step of an attempt: apply, tests or probes.
@@ -98,11 +100,15 @@ type Phase struct {
 // TestOutcome is the graded outcome of one expected test or probe.
 type TestOutcome struct {
 	ID string `json:"id"`
-	// Outcome is passed, failed, error, skipped or missing (expected but not reported).
+	// Outcome is passed, failed, error, skipped, missing (expected but not reported) or
+	// over_budget (passed, but used more than its budget allows).
 	Outcome  string `json:"outcome"`
 	Probe    string `json:"probe,omitempty"`
 	Category string `json:"category,omitempty"`
 	Message  string `json:"message,omitempty"`
+	// Figures of a budgeted probe's own run.
+	PeakMemoryBytes int64   `json:"peak_memory_bytes,omitempty"`
+	WallSeconds     float64 `json:"wall_seconds,omitempty"`
 }
 
 // Phase returns the phase with this name, or nil.

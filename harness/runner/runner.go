@@ -39,6 +39,9 @@ type Inputs struct {
 	Patch      []byte
 	InstanceID string
 	Model      string
+	// MeasureBudgets records budgeted probes' figures without judging them: how gold's
+	// baseline is measured.
+	MeasureBudgets bool
 }
 
 // Runner runs attempts. Hand-wire it in main; tests may give it another Sandbox.
@@ -211,19 +214,50 @@ func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result
 	}
 	res.Phases = append(res.Phases, grade.Tests("tests", raw, grade.Expected{IDs: t.Tests.IDs()}))
 
-	// Phase 3: probes, mounted read-only apart from the repository.
-	var ids []string
-	infos := map[string]grade.ProbeInfo{}
-	for _, p := range in.Probes.Probes {
-		ids = append(ids, p.Test)
-		infos[p.Test] = grade.ProbeInfo{ID: p.ID, Category: p.Category}
-	}
-	raw, err = r.phase(ctx, out, "probes", base, staging, in.Probes.Dir, pytest(ids, probesDir), t.Timeouts.ProbesD)
+	// Phase 3: probes, mounted read-only apart from the repository. Budgeted probes run one
+	// by one, so each one's figures are its own.
+	probes, err := r.probes(ctx, in, out, base, staging)
 	if err != nil {
 		return err
 	}
-	res.Phases = append(res.Phases, grade.Tests("probes", raw, grade.Expected{IDs: ids, Probes: infos}))
+	res.Phases = append(res.Phases, probes)
 	return nil
+}
+
+func (r *Runner) probes(ctx context.Context, in Inputs, out string, base sandbox.Spec, staging string) (result.Phase, error) {
+	t := in.Task
+	var plain []string
+	infos := map[string]grade.ProbeInfo{}
+	for _, p := range in.Probes.Probes {
+		infos[p.Test] = grade.ProbeInfo{ID: p.ID, Category: p.Category}
+		if p.Budget == nil {
+			plain = append(plain, p.Test)
+		}
+	}
+	phase := result.Phase{Name: "probes", Status: result.StatusPassed}
+	if len(plain) > 0 {
+		raw, err := r.phase(ctx, out, "probes", base, staging, in.Probes.Dir, pytest(plain, probesDir), t.Timeouts.ProbesD)
+		if err != nil {
+			return phase, err
+		}
+		phase = grade.Tests("probes", raw, grade.Expected{IDs: plain, Probes: infos})
+	}
+	for _, p := range in.Probes.Budgeted() {
+		raw, err := r.phase(ctx, out, "probe-"+p.ID, base, staging, in.Probes.Dir, pytest([]string{p.Test}, probesDir), t.Timeouts.ProbesD)
+		if err != nil {
+			return phase, err
+		}
+		one := grade.Tests("probes", raw, grade.Expected{IDs: []string{p.Test}, Probes: infos})
+		var fig *probe.Figures
+		if b := in.Probes.Baseline; b != nil {
+			if f, ok := b.Probes[p.ID]; ok {
+				fig = &f
+			}
+		}
+		grade.Budget(&one.Tests[0], raw.Run, *p.Budget, fig, in.MeasureBudgets)
+		grade.Merge(&phase, one)
+	}
+	return phase, nil
 }
 
 // pytest is the harness-owned test command: no cache, no plugin autoload (set in the

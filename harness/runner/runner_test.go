@@ -355,3 +355,35 @@ func assertNoProcess(t *testing.T, cmdline string) {
 		}
 	}
 }
+
+// TestMemoryBudgetRejectsWastefulPatch: a patch that passes every official test and every
+// functional probe but needs about twice gold's memory is rejected by the memory budget alone.
+func TestMemoryBudgetRejectsWastefulPatch(t *testing.T) {
+	testenv.RequireSandbox(t)
+	tk, ps := testenv.Task(t, "demo", "minitron-0001")
+	r := testenv.Runner(t, nil)
+	res, err := r.Run(context.Background(), testenv.Inputs(t, tk, ps, []byte(samplePatch(t, "sample/wastes-memory"))), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.FailureClass != result.ProbesFailed || strings.Join(res.FailedProbeCategories, ",") != "memory" {
+		t.Fatalf("class %q categories %v, want probes_failed on memory only (%s)", res.FailureClass, res.FailedProbeCategories, res.Reason)
+	}
+	if p := res.Phase("tests"); p == nil || p.Status != result.StatusPassed {
+		t.Errorf("official tests did not all pass: %+v", p)
+	}
+	for _, o := range res.Phase("probes").Tests {
+		switch {
+		case o.Category == "memory" && o.Outcome != result.OverBudget:
+			t.Errorf("memory probe %s: %s, want over_budget", o.Probe, o.Outcome)
+		case o.Category != "memory" && o.Outcome != result.StatusPassed:
+			t.Errorf("functional probe %s: %s, want passed", o.Probe, o.Outcome)
+		case o.Category == "memory":
+			base := ps.Baseline.Probes[o.Probe].PeakMemoryBytes
+			if ratio := float64(o.PeakMemoryBytes) / float64(base); ratio < 1.5 {
+				t.Errorf("measured %.2fx gold's peak, want the patch's waste (about 2x) to show", ratio)
+			}
+			t.Logf("%s: %s", o.Probe, o.Message)
+		}
+	}
+}

@@ -19,8 +19,6 @@ import (
 	"github.com/gofrs/flock"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/match"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/partial"
 	"github.com/google/go-containerregistry/pkg/v1/types"
@@ -61,10 +59,13 @@ type BuiltLayer struct {
 	Cached bool   `json:"cached"`
 }
 
-// Options tune Build. The zero value logs nothing.
+// Options tune Build. The zero value logs nothing and checks no lock.
 type Options struct {
 	// Log receives one line per step saying whether it ran or was cached. Default: discarded.
 	Log io.Writer
+	// Locked, when set, makes Build fail at the first layer whose step or bytes differ from
+	// the lock, naming it, and at a manifest that differs.
+	Locked *Lock
 }
 
 // Build builds env into the store and names it env.Name in the layout. Concurrent builds
@@ -84,11 +85,10 @@ func Build(ctx context.Context, env *envspec.Env, st Store, o Options) (*Built, 
 	}
 	defer lock.Unlock()
 
-	p, err := openLayout(st.Layout())
-	if err != nil {
-		return nil, err
+	if err := initLayout(st.Layout()); err != nil {
+		return nil, fmt.Errorf("preparing OCI layout %s: %w", st.Layout(), err)
 	}
-	b := &builder{env: env, st: st, p: p, log: o.Log}
+	b := &builder{env: env, st: st, log: o.Log}
 	out := &Built{Name: env.Name}
 	var layers []v1.Layer
 	parentKey := ""
@@ -109,41 +109,37 @@ func Build(ctx context.Context, env *envspec.Env, st Store, o Options) (*Built, 
 			state = "cached"
 		}
 		fmt.Fprintf(o.Log, "layer %d/%d %-12s %-6s %s %s %s\n", i+1, len(env.Layers), step.Name, step.Kind(), state, short(bl.Digest), sizeText(bl.Size))
+		if o.Locked != nil {
+			if err := o.Locked.checkLayer(i, bl); err != nil {
+				return nil, fmt.Errorf("environment %s is not as locked: %w", env.Name, err)
+			}
+		}
 		out.Layers = append(out.Layers, bl)
 		layers = append(layers, l)
 		parentKey = key
+	}
+	if o.Locked != nil && len(o.Locked.Layers) != len(env.Layers) {
+		return nil, fmt.Errorf("environment %s is not as locked: %d layers, %s has %d", env.Name, len(env.Layers), LockFile, len(o.Locked.Layers))
 	}
 	img, err := assemble(env, layers)
 	if err != nil {
 		return nil, fmt.Errorf("environment %s: assembling image: %w", env.Name, err)
 	}
-	if err := p.ReplaceImage(img, match.Annotation(RefAnnotation, env.Name), layout.WithAnnotations(map[string]string{RefAnnotation: env.Name})); err != nil {
+	digest, err := putImage(st.Layout(), img, env.Name)
+	if err != nil {
 		return nil, fmt.Errorf("environment %s: writing image: %w", env.Name, err)
 	}
-	d, err := img.Digest()
-	if err != nil {
-		return nil, err
+	out.Manifest = digest
+	if o.Locked != nil && o.Locked.Manifest != digest {
+		return nil, fmt.Errorf("environment %s is not as locked: manifest %s, %s has %s", env.Name, digest, LockFile, o.Locked.Manifest)
 	}
-	out.Manifest = d.String()
 	fmt.Fprintf(o.Log, "image %s %s\n", env.Name, out.Manifest)
 	return out, nil
-}
-
-func openLayout(dir string) (layout.Path, error) {
-	if p, err := layout.FromPath(dir); err == nil {
-		return p, nil
-	}
-	p, err := layout.Write(dir, empty.Index)
-	if err != nil {
-		return "", fmt.Errorf("creating OCI layout %s: %w", dir, err)
-	}
-	return p, nil
 }
 
 type builder struct {
 	env *envspec.Env
 	st  Store
-	p   layout.Path
 	log io.Writer
 	// built layers of this build, by index, for steps that read their parents (apt).
 	done []BuiltLayer
@@ -223,9 +219,7 @@ func (b *builder) layer(ctx context.Context, i int, key string, s envspec.Step) 
 	return bl, l, nil
 }
 
-func (b *builder) blobPath(digest string) string {
-	return filepath.Join(b.st.Layout(), "blobs", "sha256", hexOf(digest))
-}
+func (b *builder) blobPath(digest string) string { return blobPath(b.st.Layout(), digest) }
 
 // blobLayer is a layer backed by a blob already in the layout.
 func (b *builder) blobLayer(rec stepRecord) (v1.Layer, error) {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/infradev/infradev/harness/specfile"
@@ -20,6 +21,9 @@ const Schema = "infradev.env/v1"
 type Env struct {
 	Schema string `yaml:"schema"`
 	Name   string `yaml:"name"`
+	// From names another environment (a sibling directory) whose layers come first: a project
+	// stacks on its framework, a framework on its base. Shared steps share layers.
+	From   string `yaml:"from"`
 	Layers []Step `yaml:"layers"`
 	Config Config `yaml:"config"`
 
@@ -31,9 +35,30 @@ type Env struct {
 type Step struct {
 	Name   string  `yaml:"name" json:"name"`
 	Debian *Debian `yaml:"debian,omitempty" json:"debian,omitempty"`
+	Image  *Image  `yaml:"image,omitempty" json:"image,omitempty"`
 	Apt    *Apt    `yaml:"apt,omitempty" json:"apt,omitempty"`
+	Run    *Run    `yaml:"run,omitempty" json:"run,omitempty"`
 	Git    *Git    `yaml:"git,omitempty" json:"git,omitempty"`
 	Copy   *Copy   `yaml:"copy,omitempty" json:"copy,omitempty"`
+
+	// Dir is the directory of the env.yaml that defined the step (sources are relative to it).
+	Dir string `yaml:"-" json:"-"`
+}
+
+// Image is a base image pinned by digest, from a registry or an OCI layout.
+type Image struct {
+	// Ref is registry/repository@sha256:<hex>.
+	Ref string `yaml:"ref" json:"ref"`
+}
+
+// Run is a command run in the sandbox over the stack so far, with the network; its layer is
+// what the command changed (deletions as whiteouts).
+type Run struct {
+	Command []string `yaml:"command" json:"command"`
+	// Env adds environment variables (NAME=value).
+	Env []string `yaml:"env,omitempty" json:"env,omitempty"`
+	// Cwd is the working directory. Default "/".
+	Cwd string `yaml:"cwd,omitempty" json:"cwd,omitempty"`
 }
 
 // Kind names the step's kind.
@@ -41,6 +66,10 @@ func (s Step) Kind() string {
 	switch {
 	case s.Debian != nil:
 		return "debian"
+	case s.Image != nil:
+		return "image"
+	case s.Run != nil:
+		return "run"
 	case s.Apt != nil:
 		return "apt"
 	case s.Git != nil:
@@ -58,6 +87,9 @@ type Debian struct {
 	Architecture    string   `yaml:"architecture" json:"architecture"`
 	Include         []string `yaml:"include,omitempty" json:"include,omitempty"`
 	SourceDateEpoch int64    `yaml:"source_date_epoch" json:"source_date_epoch"`
+	// Mirror is the apt source ("http://deb.debian.org/debian"); empty follows the host's apt
+	// sources, which may add suites (updates, security) whose packages change often.
+	Mirror string `yaml:"mirror,omitempty" json:"mirror,omitempty"`
 }
 
 // Apt adds Debian packages on top of a debian step; the layer is what they change.
@@ -65,13 +97,17 @@ type Apt struct {
 	Packages []string `yaml:"packages" json:"packages"`
 }
 
-// Git makes a repository with one deterministic commit from a source tree in this repository.
+// Git puts a repository into the image: either an upstream repository checked out at a
+// commit (URL, Commit), or one deterministic commit made from a source tree in this
+// repository (Source, Date, Message, Author).
 type Git struct {
-	Source  string `yaml:"source" json:"source"`
+	URL     string `yaml:"url,omitempty" json:"url,omitempty"`
+	Commit  string `yaml:"commit,omitempty" json:"commit,omitempty"`
+	Source  string `yaml:"source,omitempty" json:"source,omitempty"`
 	Dest    string `yaml:"dest" json:"dest"`
-	Date    string `yaml:"date" json:"date"`
-	Message string `yaml:"message" json:"message"`
-	Author  string `yaml:"author" json:"author"`
+	Date    string `yaml:"date,omitempty" json:"date,omitempty"`
+	Message string `yaml:"message,omitempty" json:"message,omitempty"`
+	Author  string `yaml:"author,omitempty" json:"author,omitempty"`
 }
 
 // Copy puts a tree from this repository into the image.
@@ -87,13 +123,18 @@ type Config struct {
 }
 
 var (
-	nameRe   = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
-	pkgRe    = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+$`)
-	authorRe = regexp.MustCompile(`^[^<>]+ <[^<>\s]+>$`)
+	nameRe     = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
+	pkgRe      = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+$`)
+	authorRe   = regexp.MustCompile(`^[^<>]+ <[^<>\s]+>$`)
+	commitRe   = regexp.MustCompile(`^[0-9a-f]{40}$`)
+	imageRefRe = regexp.MustCompile(`^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+@sha256:[0-9a-f]{64}$`)
 )
 
-// Load reads and checks environments/<name>/env.yaml in dir.
-func Load(dir string) (*Env, error) {
+// Load reads and checks environments/<name>/env.yaml in dir, with the environments it stacks
+// on (from:) before its own layers.
+func Load(dir string) (*Env, error) { return load(dir, map[string]bool{}) }
+
+func load(dir string, seen map[string]bool) (*Env, error) {
 	e := &Env{}
 	doc := specfile.ReadFile(filepath.Join(dir, "env.yaml"), e)
 	if !doc.Parsed() {
@@ -108,8 +149,11 @@ func Load(dir string) (*Env, error) {
 	} else if base := filepath.Base(filepath.Clean(dir)); e.Name != base {
 		doc.Errorf("name", "must equal the directory name %q, got %q", base, e.Name)
 	}
-	if len(e.Layers) == 0 {
+	if len(e.Layers) == 0 && e.From == "" {
 		doc.Errorf("layers", "must list at least one step")
+	}
+	if e.From != "" && !nameRe.MatchString(e.From) {
+		doc.Errorf("from", "must name a sibling environment, got %q", e.From)
 	}
 	names := map[string]bool{}
 	for i, s := range e.Layers {
@@ -121,7 +165,45 @@ func Load(dir string) (*Env, error) {
 	if err := doc.Errs.Err(); err != nil {
 		return nil, err
 	}
+	for i := range e.Layers {
+		e.Layers[i].Dir = dir
+	}
+	if e.From != "" {
+		seen[e.Name] = true
+		parent, err := loadFrom(dir, e.From, seen)
+		if err != nil {
+			return nil, fmt.Errorf("%s: from: %w", filepath.Join(dir, "env.yaml"), err)
+		}
+		e.Layers = append(append([]Step{}, parent.Layers...), e.Layers...)
+		e.Config = mergeConfig(parent.Config, e.Config)
+	}
 	return e, nil
+}
+
+func loadFrom(dir, from string, seen map[string]bool) (*Env, error) {
+	if seen[from] {
+		return nil, fmt.Errorf("environments stack on each other in a cycle through %q", from)
+	}
+	seen[from] = true
+	p, err := load(filepath.Join(filepath.Dir(filepath.Clean(dir)), from), seen)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func mergeConfig(parent, child Config) Config {
+	out := Config{Env: map[string]string{}, WorkingDir: parent.WorkingDir}
+	for k, v := range parent.Env {
+		out.Env[k] = v
+	}
+	for k, v := range child.Env {
+		out.Env[k] = v
+	}
+	if child.WorkingDir != "" {
+		out.WorkingDir = child.WorkingDir
+	}
+	return out
 }
 
 func (e *Env) checkStep(doc *specfile.Doc, i int, s Step, names map[string]bool) {
@@ -133,18 +215,35 @@ func (e *Env) checkStep(doc *specfile.Doc, i int, s Step, names map[string]bool)
 	}
 	names[s.Name] = true
 	kinds := 0
-	for _, set := range []bool{s.Debian != nil, s.Apt != nil, s.Git != nil, s.Copy != nil} {
+	for _, set := range []bool{s.Debian != nil, s.Image != nil, s.Apt != nil, s.Run != nil, s.Git != nil, s.Copy != nil} {
 		if set {
 			kinds++
 		}
 	}
 	if kinds != 1 {
-		doc.Errorf(fmt.Sprintf("layers[%d]", i), "must have exactly one of debian, apt, git, copy; has %d", kinds)
+		doc.Errorf(fmt.Sprintf("layers[%d]", i), "must have exactly one of debian, image, apt, run, git, copy; has %d", kinds)
 		return
 	}
 	switch {
+	case s.Image != nil:
+		if i != 0 || e.From != "" {
+			doc.Errorf(at("image"), "a base image must be the first layer")
+		}
+		if !imageRefRe.MatchString(s.Image.Ref) {
+			doc.Errorf(at("image.ref"), "must pin a digest: registry/repository@sha256:<64 hex>, got %q", s.Image.Ref)
+		}
+	case s.Run != nil:
+		if len(s.Run.Command) == 0 {
+			doc.Errorf(at("run.command"), "must be a non-empty argument list")
+		}
+		if i == 0 && e.From == "" {
+			doc.Errorf(at("run"), "a run step needs layers below it")
+		}
+		if s.Run.Cwd != "" && !filepath.IsAbs(s.Run.Cwd) {
+			doc.Errorf(at("run.cwd"), "must be absolute, got %q", s.Run.Cwd)
+		}
 	case s.Debian != nil:
-		if i != 0 {
+		if i != 0 || e.From != "" {
 			doc.Errorf(at("debian"), "a debian base must be the first layer")
 		}
 		if s.Debian.Suite == "" {
@@ -162,14 +261,25 @@ func (e *Env) checkStep(doc *specfile.Doc, i int, s Step, names map[string]bool)
 			doc.Errorf(at("debian.source_date_epoch"), "is required and must be > 0")
 		}
 		checkPackages(doc, at("debian.include"), s.Debian.Include)
+		if m := s.Debian.Mirror; m != "" && !strings.HasPrefix(m, "http://") && !strings.HasPrefix(m, "https://") {
+			doc.Errorf(at("debian.mirror"), "must be an http(s) URL, got %q", m)
+		}
 	case s.Apt != nil:
-		if i == 0 || e.Layers[0].Debian == nil {
-			doc.Errorf(at("apt"), "an apt step needs a debian base as the first layer")
+		if e.From != "" || i == 0 || e.Layers[0].Debian == nil {
+			doc.Errorf(at("apt"), "an apt step needs a debian base as the first layer of its file (use run for others)")
 		}
 		if len(s.Apt.Packages) == 0 {
 			doc.Errorf(at("apt.packages"), "must list at least one package")
 		}
 		checkPackages(doc, at("apt.packages"), s.Apt.Packages)
+	case s.Git != nil && s.Git.URL != "":
+		checkDest(doc, at("git.dest"), s.Git.Dest, false)
+		if !commitRe.MatchString(s.Git.Commit) {
+			doc.Errorf(at("git.commit"), "must be a full 40-hex commit id, got %q", s.Git.Commit)
+		}
+		if s.Git.Source != "" {
+			doc.Errorf(at("git.source"), "a git step takes url and commit, or source; not both")
+		}
 	case s.Git != nil:
 		e.checkSource(doc, at("git.source"), s.Git.Source)
 		checkDest(doc, at("git.dest"), s.Git.Dest, false)
@@ -216,4 +326,4 @@ func checkDest(doc *specfile.Doc, field, dest string, rootOK bool) {
 }
 
 // Source returns the absolute path of a step's source directory.
-func (e *Env) Source(rel string) string { return filepath.Join(e.Dir, rel) }
+func (s Step) Source(rel string) string { return filepath.Join(s.Dir, rel) }

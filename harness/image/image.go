@@ -26,6 +26,8 @@ import (
 	"github.com/infradev/infradev/harness/atomicfile"
 	"github.com/infradev/infradev/harness/digest"
 	"github.com/infradev/infradev/harness/envspec"
+	"github.com/infradev/infradev/harness/sandbox"
+	"github.com/infradev/infradev/harness/unpack"
 )
 
 // RefAnnotation is the OCI annotation that names an image in the layout.
@@ -66,6 +68,10 @@ type Options struct {
 	// Locked, when set, makes Build fail at the first layer whose step or bytes differ from
 	// the lock, naming it, and at a manifest that differs.
 	Locked *Lock
+	// Unpack holds unpacked layers for run steps. Default: the store's unpacked/ directory.
+	Unpack *unpack.Cache
+	// Sandbox runs run steps. Default: runc with its state under the store.
+	Sandbox sandbox.Sandbox
 }
 
 // Build builds env into the store and names it env.Name in the layout. Concurrent builds
@@ -88,7 +94,13 @@ func Build(ctx context.Context, env *envspec.Env, st Store, o Options) (*Built, 
 	if err := initLayout(st.Layout()); err != nil {
 		return nil, fmt.Errorf("preparing OCI layout %s: %w", st.Layout(), err)
 	}
-	b := &builder{env: env, st: st, log: o.Log}
+	b := &builder{env: env, st: st, log: o.Log, unpack: o.Unpack, sandbox: o.Sandbox}
+	if b.unpack == nil {
+		b.unpack = &unpack.Cache{Dir: filepath.Join(st.Dir, "unpacked")}
+	}
+	if b.sandbox == nil {
+		b.sandbox = &sandbox.Runc{StateDir: filepath.Join(st.Dir, "sandbox")}
+	}
 	out := &Built{Name: env.Name}
 	var layers []v1.Layer
 	parentKey := ""
@@ -100,26 +112,37 @@ func Build(ctx context.Context, env *envspec.Env, st Store, o Options) (*Built, 
 		if err != nil {
 			return nil, fmt.Errorf("environment %s, layer %s: %w", env.Name, step.Name, err)
 		}
-		bl, l, err := b.layer(ctx, i, key, step)
+		var bls []BuiltLayer
+		var ls []v1.Layer
+		if step.Image != nil {
+			bls, ls, err = b.baseImage(ctx, key, step)
+		} else {
+			var bl BuiltLayer
+			var l v1.Layer
+			bl, l, err = b.layer(ctx, i, key, step)
+			bls, ls = []BuiltLayer{bl}, []v1.Layer{l}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("environment %s, layer %s (%s): %w", env.Name, step.Name, step.Kind(), err)
 		}
-		state := "built"
-		if bl.Cached {
-			state = "cached"
-		}
-		fmt.Fprintf(o.Log, "layer %d/%d %-12s %-6s %s %s %s\n", i+1, len(env.Layers), step.Name, step.Kind(), state, short(bl.Digest), sizeText(bl.Size))
-		if o.Locked != nil {
-			if err := o.Locked.checkLayer(i, bl); err != nil {
-				return nil, fmt.Errorf("environment %s is not as locked: %w", env.Name, err)
+		for j, bl := range bls {
+			state := "built"
+			if bl.Cached {
+				state = "cached"
 			}
+			fmt.Fprintf(o.Log, "layer %d/%d %-12s %-6s %s %s %s\n", i+1, len(env.Layers), bl.Step, step.Kind(), state, short(bl.Digest), sizeText(bl.Size))
+			if o.Locked != nil {
+				if err := o.Locked.checkLayer(len(out.Layers), bl); err != nil {
+					return nil, fmt.Errorf("environment %s is not as locked: %w", env.Name, err)
+				}
+			}
+			out.Layers = append(out.Layers, bl)
+			layers = append(layers, ls[j])
 		}
-		out.Layers = append(out.Layers, bl)
-		layers = append(layers, l)
 		parentKey = key
 	}
-	if o.Locked != nil && len(o.Locked.Layers) != len(env.Layers) {
-		return nil, fmt.Errorf("environment %s is not as locked: %d layers, %s has %d", env.Name, len(env.Layers), LockFile, len(o.Locked.Layers))
+	if o.Locked != nil && len(o.Locked.Layers) != len(out.Layers) {
+		return nil, fmt.Errorf("environment %s is not as locked: %d layers, %s has %d", env.Name, len(out.Layers), LockFile, len(o.Locked.Layers))
 	}
 	img, err := assemble(env, layers)
 	if err != nil {
@@ -138,9 +161,11 @@ func Build(ctx context.Context, env *envspec.Env, st Store, o Options) (*Built, 
 }
 
 type builder struct {
-	env *envspec.Env
-	st  Store
-	log io.Writer
+	env     *envspec.Env
+	st      Store
+	log     io.Writer
+	unpack  *unpack.Cache
+	sandbox sandbox.Sandbox
 	// built layers of this build, by index, for steps that read their parents (apt).
 	done []BuiltLayer
 }
@@ -161,7 +186,7 @@ func (b *builder) key(parent string, s envspec.Step) (string, error) {
 		src = s.Copy.Source
 	}
 	if src != "" {
-		td, err := digest.Tree(b.env.Source(src))
+		td, err := digest.Tree(s.Source(src))
 		if err != nil {
 			return "", err
 		}
@@ -194,7 +219,7 @@ func (b *builder) layer(ctx context.Context, i int, key string, s envspec.Step) 
 		return bl, nil, err
 	}
 	defer os.RemoveAll(tmp)
-	info, err := b.run(ctx, i, s, tmp)
+	info, err := b.step(ctx, i, s, tmp)
 	if err != nil {
 		return bl, nil, err
 	}
@@ -223,7 +248,11 @@ func (b *builder) blobPath(digest string) string { return blobPath(b.st.Layout()
 
 // blobLayer is a layer backed by a blob already in the layout.
 func (b *builder) blobLayer(rec stepRecord) (v1.Layer, error) {
-	path := b.blobPath(rec.Digest)
+	return b.blobLayerIn(b.st.Layout(), rec)
+}
+
+func (b *builder) blobLayerIn(layoutDir string, rec stepRecord) (v1.Layer, error) {
+	path := blobPath(layoutDir, rec.Digest)
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, err

@@ -264,3 +264,20 @@ func Plan(env *envspec.Env) ([]BuiltLayer, error) {
 	}
 	return out, nil
 }
+
+// Describe lists an image's layers (digest, diff id, size) from the layout.
+func Describe(layoutDir, manifest string) (*Built, error) {
+	raw, err := rehash(layoutDir, manifest)
+	if err != nil {
+		return nil, err
+	}
+	m, err := v1.ParseManifest(bytes.NewReader(raw))
+	if err != nil {
+		return nil, err
+	}
+	out := &Built{Manifest: manifest}
+	for _, l := range m.Layers {
+		out.Layers = append(out.Layers, BuiltLayer{Digest: l.Digest.String(), Size: l.Size})
+	}
+	return out, nil
+}

@@ -20,7 +20,7 @@ import (
 )
 
 // run executes step i into a new layer file inside tmp.
-func (b *builder) run(ctx context.Context, i int, s envspec.Step, tmp string) (layer.Info, error) {
+func (b *builder) step(ctx context.Context, i int, s envspec.Step, tmp string) (layer.Info, error) {
 	epoch := time.Unix(0, 0)
 	if d := b.env.Layers[0].Debian; d != nil {
 		epoch = time.Unix(d.SourceDateEpoch, 0)
@@ -34,10 +34,14 @@ func (b *builder) run(ctx context.Context, i int, s envspec.Step, tmp string) (l
 		err = b.debian(ctx, s.Debian, nil, tmp, w)
 	case s.Apt != nil:
 		err = b.apt(ctx, i, tmp, w)
+	case s.Git != nil && s.Git.URL != "":
+		err = b.gitURL(ctx, s.Git, tmp, w)
 	case s.Git != nil:
-		err = b.git(ctx, s.Git, tmp, w)
+		err = b.git(ctx, s, tmp, w)
 	case s.Copy != nil:
-		err = w.AddTree(b.env.Source(s.Copy.Source), s.Copy.Dest, nil)
+		err = w.AddTree(s.Source(s.Copy.Source), s.Copy.Dest, nil)
+	case s.Run != nil:
+		err = b.run(ctx, s.Run, tmp, w)
 	}
 	if err != nil {
 		w.Abort()
@@ -55,6 +59,9 @@ func (b *builder) debian(ctx context.Context, d *envspec.Debian, extra []string,
 		args = append(args, "--include="+strings.Join(inc, ","))
 	}
 	args = append(args, d.Suite, out)
+	if d.Mirror != "" {
+		args = append(args, d.Mirror)
+	}
 	cmd := exec.CommandContext(ctx, "mmdebstrap", args...)
 	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH="+strconv.FormatInt(d.SourceDateEpoch, 10))
 	var stderr bytes.Buffer
@@ -106,8 +113,9 @@ func (b *builder) apt(ctx context.Context, i int, tmp string, w *layer.Writer) e
 // git writes a repository holding the source tree as one commit whose id depends only on the
 // tree, the date, the author and the message. The index (which records inode numbers and
 // times) is left out; the runner rebuilds it inside the sandbox.
-func (b *builder) git(ctx context.Context, g *envspec.Git, tmp string, w *layer.Writer) error {
-	src := b.env.Source(g.Source)
+func (b *builder) git(ctx context.Context, s envspec.Step, tmp string, w *layer.Writer) error {
+	g := s.Git
+	src := s.Source(g.Source)
 	gitDir := filepath.Join(tmp, "git")
 	tmpl := filepath.Join(tmp, "template")
 	if err := os.Mkdir(tmpl, 0o755); err != nil {

@@ -256,7 +256,7 @@ func ociConfig(s Spec, cgroupsPath string) *specs.Spec {
 			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1024, Soft: 1024}},
 			NoNewPrivileges: true,
 		},
-		Root:     &specs.Root{Path: s.Root, Readonly: true},
+		Root:     &specs.Root{Path: s.Root, Readonly: !s.WritableRoot},
 		Hostname: "sandbox",
 		Mounts:   mounts,
 		Linux: &specs.Linux{

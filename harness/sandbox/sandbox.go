@@ -20,8 +20,10 @@ type Sandbox interface {
 
 // Spec is one command to run.
 type Spec struct {
-	// Root is the root filesystem directory (e.g. Overlay.Merged). It is mounted read-only.
-	Root string
+	// Root is the root filesystem directory (e.g. Overlay.Merged). It is mounted read-only
+	// unless WritableRoot is set (as for environment build steps).
+	Root         string
+	WritableRoot bool
 	// Writable are absolute paths inside Root that stay writable (bound onto themselves).
 	Writable []string
 	// Mounts are extra bind mounts from the host.

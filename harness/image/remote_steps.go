@@ -1,0 +1,150 @@
+package image
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"github.com/infradev/infradev/harness/envspec"
+	"github.com/infradev/infradev/harness/layer"
+	"github.com/infradev/infradev/harness/sandbox"
+)
+
+// baseImage brings a base image's layers into the layout, unchanged, so their digests stay
+// the upstream ones. A base whose manifest is already in the layout is not fetched again.
+func (b *builder) baseImage(ctx context.Context, key string, s envspec.Step) ([]BuiltLayer, []v1.Layer, error) {
+	ref, err := name.NewDigest(s.Image.Ref)
+	if err != nil {
+		return nil, nil, fmt.Errorf("image %q: %w", s.Image.Ref, err)
+	}
+	cached := true
+	raw, err := os.ReadFile(blobPath(b.st.Layout(), ref.DigestStr()))
+	if err != nil {
+		img, err := remote.Image(ref, remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain))
+		if err != nil {
+			return nil, nil, fmt.Errorf("pulling %s: %w", s.Image.Ref, err)
+		}
+		ls, err := img.Layers()
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, l := range ls {
+			d, _ := l.Digest()
+			size, _ := l.Size()
+			rc, err := l.Compressed()
+			if err != nil {
+				return nil, nil, err
+			}
+			err = putBlobFrom(b.st.Layout(), d.String(), size, rc)
+			rc.Close()
+			if err != nil {
+				return nil, nil, err
+			}
+		}
+		cfg, err := img.RawConfigFile()
+		if err != nil {
+			return nil, nil, err
+		}
+		if _, err := putBlob(b.st.Layout(), cfg); err != nil {
+			return nil, nil, err
+		}
+		if raw, err = img.RawManifest(); err != nil {
+			return nil, nil, err
+		}
+		if _, err := putBlob(b.st.Layout(), raw); err != nil {
+			return nil, nil, err
+		}
+		cached = false
+	}
+	m, err := v1.ParseManifest(bytes.NewReader(raw))
+	if err != nil {
+		return nil, nil, err
+	}
+	cfgRaw, err := rehash(b.st.Layout(), m.Config.Digest.String())
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg, err := v1.ParseConfigFile(bytes.NewReader(cfgRaw))
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(cfg.RootFS.DiffIDs) != len(m.Layers) {
+		return nil, nil, fmt.Errorf("base %s: %d layers, %d diff ids", s.Image.Ref, len(m.Layers), len(cfg.RootFS.DiffIDs))
+	}
+	var bls []BuiltLayer
+	var ls []v1.Layer
+	for i, d := range m.Layers {
+		rec := stepRecord{Digest: d.Digest.String(), DiffID: cfg.RootFS.DiffIDs[i].String(), Size: d.Size}
+		l, err := b.blobLayer(rec)
+		if err != nil {
+			return nil, nil, err
+		}
+		bl := BuiltLayer{Step: fmt.Sprintf("%s[%d]", s.Name, i), Kind: "image", Key: key,
+			Digest: rec.Digest, DiffID: rec.DiffID, Size: rec.Size, Cached: cached}
+		bls, ls = append(bls, bl), append(ls, l)
+		b.done = append(b.done, bl)
+	}
+	return bls, ls, nil
+}
+
+// gitURL clones an upstream repository and checks out the pinned commit (needs the network).
+func (b *builder) gitURL(ctx context.Context, g *envspec.Git, tmp string, w *layer.Writer) error {
+	dir := filepath.Join(tmp, "repo")
+	env := append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "GIT_TERMINAL_PROMPT=0")
+	for _, args := range [][]string{
+		{"init", "-q", "--initial-branch=main", dir},
+		{"-C", dir, "fetch", "-q", "--depth=1", g.URL, g.Commit},
+		{"-C", dir, "checkout", "-q", "--detach", g.Commit},
+	} {
+		cmd := exec.CommandContext(ctx, "git", args...)
+		cmd.Env = env
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("git %s: %w: %s", strings.Join(args, " "), err, tail(string(out), 1000))
+		}
+	}
+	return w.AddTree(dir, g.Dest, func(rel string) bool { return rel == ".git/index" || rel == ".git/FETCH_HEAD" })
+}
+
+// run executes a command over the stack built so far, with the network, and writes what it
+// changed as the layer.
+func (b *builder) run(ctx context.Context, r *envspec.Run, tmp string, w *layer.Writer) error {
+	var lowers []string
+	for _, bl := range b.done {
+		dir, err := b.unpack.Layer(blobPath(b.st.Layout(), bl.Digest), bl.Digest, bl.DiffID, lowers)
+		if err != nil {
+			return err
+		}
+		lowers = append(lowers, dir)
+	}
+	ov, err := sandbox.MountOverlay(lowers, filepath.Join(tmp, "root"), 0)
+	if err != nil {
+		return err
+	}
+	defer ov.Unmount()
+	var env []string
+	for k, v := range b.env.Config.Env {
+		env = append(env, k+"="+v)
+	}
+	env = append(env, r.Env...)
+	var log bytes.Buffer
+	res, err := b.sandbox.Run(ctx, sandbox.Spec{
+		Root: ov.Merged, WritableRoot: true, Network: true,
+		Args: r.Command, Env: env, Cwd: r.Cwd, Stdout: &log, Stderr: &log,
+	})
+	if err != nil {
+		return err
+	}
+	if res.ExitCode != 0 {
+		return fmt.Errorf("%s exited %d:\n%s", strings.Join(r.Command, " "), res.ExitCode, tail(log.String(), 2000))
+	}
+	return w.AddUpper(ov.Upper())
+}

@@ -19,7 +19,7 @@ import (
 
 func newBenchCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "Benchmarks that print figures and ratios measured side by side"}
-	cmd.AddCommand(newBenchEnvCmd(g))
+	cmd.AddCommand(newBenchEnvCmd(g), newBenchEvalCmd(g))
 	return cmd
 }
 
@@ -142,3 +142,5 @@ func demoFigures(ctx context.Context, out io.Writer, g *globals) {
 func mibBytes(m float64) int64 { return int64(m * (1 << 20)) }
 
 func mibText(n int64) string { return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20)) }
+
+func resolveEnv(layout, name string) (string, error) { return image.Resolve(layout, name) }

@@ -50,7 +50,7 @@ func TestEvalSkeletonPredictions(t *testing.T) {
 	out := t.TempDir()
 	args := append(storeFlags(t), "eval",
 		"--predictions", filepath.Join(root, "tasks/demo/predictions/skeleton.jsonl"),
-		"--run-id", "skeleton", "--out", out,
+		"--run-id", "skeleton", "--out", out, "--results", filepath.Join(out, "store"),
 		"--tasks", filepath.Join(root, "tasks"), "--probes", filepath.Join(root, "probes"),
 		"--environments", filepath.Join(root, "environments"))
 	code, stdout, stderr := infradev(t, args...)
@@ -97,8 +97,8 @@ func TestEvalSkeletonPredictions(t *testing.T) {
 
 	// The same command again reuses every stored result: nothing runs twice.
 	code, _, stderr = infradev(t, args...)
-	if code != 0 || strings.Count(stderr, "(cached)") != 5 {
-		t.Errorf("rerun exit %d, log:\n%s\nwant 5 cached attempts", code, stderr)
+	if code != 0 || strings.Count(stderr, "(resumed)") != 5 {
+		t.Errorf("rerun exit %d, log:\n%s\nwant 5 resumed attempts", code, stderr)
 	}
 }
 

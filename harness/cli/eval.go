@@ -1,63 +1,105 @@
 package cli
 
 import (
-	"bytes"
 	"fmt"
+	"io"
+	"os"
 	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
 
+	"github.com/mattn/go-isatty"
+	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
-	"github.com/infradev/infradev/harness/atomicfile"
 	"github.com/infradev/infradev/harness/eval"
 	"github.com/infradev/infradev/harness/report"
+	"github.com/infradev/infradev/harness/resultstore"
+	"github.com/infradev/infradev/harness/schedule"
+	"github.com/infradev/infradev/harness/specfile"
+	"github.com/infradev/infradev/harness/task"
 )
 
 func newEvalCmd(g *globals) *cobra.Command {
 	var o struct {
 		preds                []string
 		runID, tasks, probes string
-		envs, out            string
+		envs, out, results   string
+		match, label, prompt string
+		jobs, gpus           int
+		cpus                 float64
+		memory               string
 	}
 	cmd := &cobra.Command{
 		Use:   "eval --predictions FILE.jsonl [--predictions ...]",
 		Short: "Evaluate predictions (SWE-bench fields) and print the report",
 		Long: `Evaluate every prediction (instance_id, model_name_or_path, model_patch) on its task.
-Results go to OUT/RUN_ID/<model>/<instance>/; an attempt whose inputs (task, environment,
-probes, patch, harness, hardware) are unchanged is not run again, so an interrupted evaluation
-resumes. Prints a table and writes OUT/RUN_ID/report.json and report.junit.xml.
+Attempts run concurrently, packed by each task's declared CPUs, memory and GPUs onto this
+machine's capacity (--cpus, --memory, --gpus), at most --jobs at once. Results go to
+OUT/RUN_ID/<model>/<instance>/ and to the results store, keyed by the digests of every input
+(task, environment, probes, patch, harness, hardware): a finished attempt is never run again,
+identical patches from different models run once, and an interrupted evaluation (Ctrl-C, or
+even kill -9) resumes when the same command runs again. Writes OUT/RUN_ID/report.{json,md,html,
+junit.xml} and prints the table; "infradev report" regenerates them from stored results.
 
 Exit codes: 0 the evaluation completed (whatever the verdicts); 2 bad usage or input;
-3 infrastructure fault.`,
+3 infrastructure fault; 130 interrupted (finished results kept).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			r, err := g.runner()
 			if err != nil {
 				return err
 			}
+			capacity := schedule.Capacity{CPUs: o.cpus, MemoryBytes: totalMemory()}
+			if o.memory != "" {
+				if capacity.MemoryBytes, err = parseSize(o.memory); err != nil {
+					return exitf(ExitUsage, "--memory: %v", err)
+				}
+			}
+			for i := 0; i < o.gpus; i++ {
+				capacity.GPUs = append(capacity.GPUs, i)
+			}
+			if sw, ok := r.(interface{ Sweep() int }); ok {
+				if n := sw.Sweep(); n > 0 {
+					fmt.Fprintf(cmd.ErrOrStderr(), "cleaned up %d leftovers of an interrupted run\n", n)
+				}
+			}
+			progress := newProgress(cmd.ErrOrStderr())
 			results, err := eval.Run(cmd.Context(), eval.Config{
 				Predictions: o.preds, RunID: o.runID,
 				TasksRoot: o.tasks, ProbesRoot: o.probes, EnvsRoot: o.envs,
-				Store: g.imageStore(), Out: o.out, Runner: r, Log: cmd.ErrOrStderr(),
+				Store: g.imageStore(), Out: o.out, Runner: r,
+				Results:  resultstore.Store{Dir: o.results},
+				Capacity: capacity, Jobs: o.jobs,
+				Select:        selector(o.match, o.label),
+				PromptVariant: o.prompt,
+				Progress:      progress.event,
 			})
+			progress.finish()
 			if err != nil {
+				if cmd.Context().Err() != nil {
+					return exitf(130, "%v", err)
+				}
 				return err
 			}
-			s := report.Summarize(o.runID, results)
-			dir := filepath.Join(o.out, o.runID)
-			if err := report.WriteJSON(filepath.Join(dir, "report.json"), s); err != nil {
+			runDir := filepath.Join(o.out, o.runID)
+			stored, err := report.LoadRun(runDir)
+			if err != nil {
 				return exitf(ExitInfra, "%v", err)
 			}
-			var junit bytes.Buffer
-			if err := report.WriteJUnit(&junit, results); err != nil {
-				return err
+			if len(stored) < len(results) {
+				return exitf(ExitInfra, "%s holds %d results, want at least %d", runDir, len(stored), len(results))
 			}
-			if err := atomicfile.Write(filepath.Join(dir, "report.junit.xml"), junit.Bytes()); err != nil {
+			s, err := report.WriteRun(runDir, o.runID, stored)
+			if err != nil {
 				return exitf(ExitInfra, "%v", err)
 			}
 			if err := report.WriteTable(cmd.OutOrStdout(), s); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "\nreport: %s\n", filepath.Join(dir, "report.json"))
+			fmt.Fprintf(cmd.OutOrStdout(), "\nreport: %s (.md, .html, .junit.xml beside it)\n", filepath.Join(runDir, "report.json"))
 			return nil
 		},
 	}
@@ -66,8 +108,85 @@ Exit codes: 0 the evaluation completed (whatever the verdicts); 2 bad usage or i
 	f.StringVar(&o.runID, "run-id", "default", "name of this evaluation run")
 	f.StringVar(&o.tasks, "tasks", "tasks", "tasks root (tasks/<project>/<id>)")
 	f.StringVar(&o.probes, "probes", "probes", "probes root (probes/<project>/<id>)")
-	f.StringVar(&o.envs, "environments", "environments", "environments root (environments/<name>)")
+	f.StringVar(&o.envs, "environments", "environments", "environments root")
 	f.StringVar(&o.out, "out", "runs", "results root")
+	f.StringVar(&o.results, "results", ".infradev/results", "content-addressed results store (empty: none)")
+	f.StringVar(&o.match, "match", "", "evaluate only tasks whose directory matches this glob (e.g. 'tasks/demo/minitron-*')")
+	f.StringVar(&o.label, "label", "", "evaluate only tasks carrying this label")
+	f.StringVar(&o.prompt, "prompt-variant", "instruction", "the prompt the predictions were made from (instruction or pr_description), for the report")
+	f.IntVar(&o.jobs, "jobs", 0, "run at most this many attempts at once (0: as capacity allows)")
+	f.Float64Var(&o.cpus, "cpus", float64(runtime.NumCPU()), "CPUs to pack attempts onto")
+	f.StringVar(&o.memory, "memory", "", "memory to pack attempts onto (default: this machine's)")
+	f.IntVar(&o.gpus, "gpus", 0, "GPUs to pack attempts onto, as device indices 0..N-1")
 	_ = cmd.MarkFlagRequired("predictions")
 	return cmd
 }
+
+func selector(match, label string) func(*task.Task) bool {
+	if match == "" && label == "" {
+		return nil
+	}
+	return func(t *task.Task) bool {
+		if match != "" {
+			if ok, _ := filepath.Match(match, t.Dir); !ok {
+				if ok2, _ := filepath.Match(match, filepath.Base(t.Dir)); !ok2 {
+					return false
+				}
+			}
+		}
+		if label != "" {
+			for _, l := range t.Labels {
+				if l == label {
+					return true
+				}
+			}
+			return false
+		}
+		return true
+	}
+}
+
+func totalMemory() int64 {
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) != nil {
+		return 1 << 40
+	}
+	return int64(si.Totalram) * int64(si.Unit)
+}
+
+// progress shows a bar with an ETA on a terminal and plain lines otherwise.
+type progress struct {
+	w   io.Writer
+	bar *progressbar.ProgressBar
+}
+
+func newProgress(w io.Writer) *progress {
+	p := &progress{w: w}
+	if f, ok := w.(*os.File); ok && isatty.IsTerminal(f.Fd()) {
+		p.bar = progressbar.NewOptions(-1, progressbar.OptionSetWriter(w), progressbar.OptionShowCount(),
+			progressbar.OptionSetPredictTime(true), progressbar.OptionClearOnFinish(), progressbar.OptionSetDescription("eval"))
+	}
+	return p
+}
+
+func (p *progress) event(e eval.Event) {
+	if p.bar != nil {
+		p.bar.ChangeMax(e.Total)
+		_ = p.bar.Set(e.Done)
+		p.bar.Describe(fmt.Sprintf("%s %s: %s", e.Model, e.Instance, e.Verdict))
+		return
+	}
+	eta := ""
+	if e.ETA > 0 {
+		eta = " eta " + e.ETA.Round(time.Second).String()
+	}
+	fmt.Fprintf(p.w, "[%d/%d] %s %s: %s (%s)%s\n", e.Done, e.Total, e.Model, e.Instance, e.Verdict, e.How, eta)
+}
+
+func (p *progress) finish() {
+	if p.bar != nil {
+		_ = p.bar.Finish()
+	}
+}
+
+func parseSize(s string) (int64, error) { return specfile.ParseSize(strings.TrimSpace(s)) }

@@ -1,23 +1,29 @@
-// Package eval owns evaluating predictions: for every prediction it finds the task, builds (or
-// finds built) the task's environment, runs the attempt unless a result for exactly the same
-// inputs is already stored, and returns every result. Results live at
+// Package eval owns evaluating predictions: it finds each prediction's task, builds (or finds
+// built) the environments, and settles every prediction in one of four ways: its run folder
+// already holds a result for exactly these inputs (resumed); the results store holds one
+// (graded before, by any model or run); an identical submission in this evaluation is graded
+// and shared; or an attempt runs, scheduled onto the machine's capacity. Results live at
 // <out>/<run id>/<model>/<instance>/result.json, so an interrupted evaluation resumes.
 package eval
 
 import (
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"regexp"
+	"sort"
+	"sync"
+	"time"
 
 	"github.com/infradev/infradev/harness/envspec"
 	"github.com/infradev/infradev/harness/image"
 	"github.com/infradev/infradev/harness/predictions"
 	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/result"
+	"github.com/infradev/infradev/harness/resultstore"
 	"github.com/infradev/infradev/harness/runner"
+	"github.com/infradev/infradev/harness/schedule"
 	"github.com/infradev/infradev/harness/task"
 )
 
@@ -32,19 +38,47 @@ type Config struct {
 	Out string
 	// Runner runs attempts (e.g. a runner.Retry around a runner.Runner).
 	Runner runner.Attempter
-	// Log receives one line per attempt. Default: discarded.
-	Log io.Writer
+	// Results is the content-addressed results store; the zero value disables it.
+	Results resultstore.Store
+	// Capacity is what attempts are packed onto; Jobs caps how many run at once (0: no cap).
+	Capacity schedule.Capacity
+	Jobs     int
+	// Select keeps the predictions whose task it accepts; nil keeps all.
+	Select func(t *task.Task) bool
+	// PromptVariant labels the predictions' prompt in results and reports.
+	PromptVariant string
+	// Progress is told each time a prediction is settled. Default: nothing.
+	Progress func(Event)
+}
+
+// Event says one prediction was settled.
+type Event struct {
+	Done, Total     int
+	Model, Instance string
+	Verdict         string
+	// How: "ran", "resumed" (run folder), "stored" (results store), "shared" (an identical
+	// submission in this evaluation) or "not run".
+	How     string
+	Elapsed time.Duration
+	// ETA is the estimated time left, from the attempts run so far; 0 when unknown.
+	ETA time.Duration
 }
 
 var safeName = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
 
-// Run evaluates every prediction of every file in order, reusing stored results whose inputs
-// are identical.
+type item struct {
+	pred predictions.Prediction
+	in   runner.Inputs
+	keys result.Inputs // the digests of its inputs
+	key  string        // their store key
+	dir  string
+	res  *result.Result
+}
+
+// Run evaluates every prediction and returns their results in input order (predictions whose
+// task Select rejects are left out). If ctx ends, finished results are kept on disk and the
+// error says the evaluation was interrupted.
 func Run(ctx context.Context, c Config) ([]*result.Result, error) {
-	log := c.Log
-	if log == nil {
-		log = io.Discard
-	}
 	var preds []predictions.Prediction
 	for _, f := range c.Predictions {
 		ps, err := predictions.Read(f)
@@ -57,24 +91,74 @@ func Run(ctx context.Context, c Config) ([]*result.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &session{c: c, dirs: dirs, tasks: map[string]*loaded{}, images: map[string]string{}, log: log}
-	var out []*result.Result
-	for i, p := range preds {
-		if err := ctx.Err(); err != nil {
-			return out, err
-		}
-		r, cached, err := s.one(ctx, p)
+	s := &session{c: c, dirs: dirs, tasks: map[string]*loaded{}, images: map[string]string{}, start: time.Now()}
+	var items []*item
+	for _, p := range preds {
+		it, err := s.prepare(ctx, p)
 		if err != nil {
-			return out, fmt.Errorf("%s / %s: %w", p.Model, p.InstanceID, err)
+			return nil, fmt.Errorf("%s / %s: %w", p.Model, p.InstanceID, err)
 		}
-		state := "ran"
-		if cached {
-			state = "cached"
+		if it != nil {
+			items = append(items, it)
 		}
-		fmt.Fprintf(log, "[%d/%d] %s %s: %s (%s)\n", i+1, len(preds), p.Model, p.InstanceID, verdictWord(r), state)
-		out = append(out, r)
 	}
-	return out, nil
+	s.total = len(items)
+
+	// Settle what needs no attempt; group the rest by key so each submission runs once.
+	groups := map[string][]*item{}
+	var keys []string
+	for _, it := range items {
+		if prev, err := result.Read(filepath.Join(it.dir, "result.json")); err == nil && prev.Inputs == it.keys &&
+			prev.FailureClass != result.InfraError && prev.FailureClass != result.NotRun {
+			s.settle(it, prev, "resumed")
+			continue
+		}
+		if _, ok := c.Results.Get(it.key); ok {
+			r, err := c.Results.CopyOut(it.key, it.dir, it.pred.Model, it.pred.InstanceID)
+			if err != nil {
+				return nil, err
+			}
+			s.settle(it, r, "stored")
+			continue
+		}
+		if groups[it.key] == nil {
+			keys = append(keys, it.key)
+		}
+		groups[it.key] = append(groups[it.key], it)
+	}
+
+	reqs := make([]schedule.Request, len(keys))
+	for i, k := range keys {
+		r := groups[k][0].in.Task.Resources
+		reqs[i] = schedule.Request{CPUs: r.CPUs, MemoryBytes: r.MemoryBytes, GPUs: r.GPUs.Count}
+	}
+	var errMu sync.Mutex
+	var firstErr error
+	fail := func(err error) {
+		errMu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		errMu.Unlock()
+	}
+	err = schedule.Run(ctx, c.Capacity, c.Jobs, reqs, func(ctx context.Context, i int, l schedule.Lease) {
+		if err := s.attempt(ctx, groups[keys[i]], l); err != nil && ctx.Err() == nil {
+			fail(err)
+		}
+	}, func(i int, why error) {
+		for _, it := range groups[keys[i]] {
+			if err := s.notRun(it, why); err != nil {
+				fail(err)
+			}
+		}
+	})
+	if err != nil {
+		return s.collected(items), fmt.Errorf("evaluation interrupted: %w (finished results are kept; the same command resumes)", err)
+	}
+	if firstErr != nil {
+		return s.collected(items), firstErr
+	}
+	return s.collected(items), nil
 }
 
 type loaded struct {
@@ -86,36 +170,118 @@ type session struct {
 	c      Config
 	dirs   map[string]string
 	tasks  map[string]*loaded
-	images map[string]string // environment name -> manifest digest
-	log    io.Writer
+	images map[string]string
+
+	mu               sync.Mutex
+	done, total, ran int
+	start            time.Time
+	attemptTime      time.Duration
 }
 
-func (s *session) one(ctx context.Context, p predictions.Prediction) (*result.Result, bool, error) {
+func (s *session) prepare(ctx context.Context, p predictions.Prediction) (*item, error) {
 	l, err := s.task(p.InstanceID)
 	if err != nil {
-		return nil, false, err
+		return nil, err
+	}
+	if s.c.Select != nil && !s.c.Select(l.t) {
+		return nil, nil
 	}
 	img, err := s.image(ctx, l.t.Environment)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	in := runner.Inputs{Task: l.t, Probes: l.p, Layout: s.c.Store.Layout(), Image: img,
-		Patch: []byte(p.Patch), InstanceID: p.InstanceID, Model: p.Model}
+		Patch: []byte(p.Patch), InstanceID: p.InstanceID, Model: p.Model, PromptVariant: s.c.PromptVariant}
+	keys, err := s.c.Runner.Digests(in)
+	if err != nil {
+		return nil, err
+	}
 	dir := filepath.Join(s.c.Out, safeName.ReplaceAllString(s.c.RunID, "_"),
 		safeName.ReplaceAllString(p.Model, "_"), safeName.ReplaceAllString(p.InstanceID, "_"))
-	want, err := s.c.Runner.Digests(in)
+	return &item{pred: p, in: in, keys: keys, key: resultstore.Key(keys), dir: dir}, nil
+}
+
+// attempt runs the first item of a group and gives its result to the others.
+func (s *session) attempt(ctx context.Context, group []*item, l schedule.Lease) error {
+	first := group[0]
+	in := first.in
+	in.GPUs = l.GPUs
+	if err := os.RemoveAll(first.dir); err != nil {
+		return err
+	}
+	start := time.Now()
+	r, err := s.c.Runner.Run(ctx, in, first.dir)
 	if err != nil {
-		return nil, false, err
+		if ctx.Err() != nil {
+			os.RemoveAll(first.dir) // an interrupted attempt leaves nothing that looks finished
+		}
+		return err
 	}
-	if prev, err := result.Read(filepath.Join(dir, "result.json")); err == nil && prev.Inputs == want &&
-		prev.FailureClass != result.InfraError {
-		return prev, true, nil
+	s.mu.Lock()
+	s.ran++
+	s.attemptTime += time.Since(start)
+	s.mu.Unlock()
+	if r.FailureClass != result.InfraError {
+		if err := s.c.Results.Put(first.key, first.dir); err != nil {
+			return err
+		}
 	}
-	if err := os.RemoveAll(dir); err != nil {
-		return nil, false, err
+	s.settle(first, r, "ran")
+	for _, it := range group[1:] {
+		var shared *result.Result
+		if s.c.Results.Dir != "" && r.FailureClass != result.InfraError {
+			shared, err = s.c.Results.CopyOut(first.key, it.dir, it.pred.Model, it.pred.InstanceID)
+		} else {
+			shared, err = copyResult(first.dir, it.dir, it.pred.Model, it.pred.InstanceID)
+		}
+		if err != nil {
+			return err
+		}
+		s.settle(it, shared, "shared")
 	}
-	r, err := s.c.Runner.Run(ctx, in, dir)
-	return r, false, err
+	return nil
+}
+
+func (s *session) notRun(it *item, why error) error {
+	now := time.Now().UTC()
+	r := &result.Result{Schema: result.Schema, InstanceID: it.pred.InstanceID, Model: it.pred.Model,
+		Project: it.in.Task.Project, PromptVariant: s.c.PromptVariant, Inputs: it.keys,
+		FailureClass: result.NotRun, Reason: why.Error(), StartedAt: now, FinishedAt: now}
+	if err := os.MkdirAll(it.dir, 0o755); err != nil {
+		return err
+	}
+	if err := result.Write(filepath.Join(it.dir, "result.json"), r); err != nil {
+		return err
+	}
+	s.settle(it, r, "not run")
+	return nil
+}
+
+func (s *session) settle(it *item, r *result.Result, how string) {
+	s.mu.Lock()
+	it.res = r
+	s.done++
+	ev := Event{Done: s.done, Total: s.total, Model: it.pred.Model, Instance: it.pred.InstanceID,
+		Verdict: verdictWord(r), How: how, Elapsed: time.Since(s.start)}
+	if s.ran > 0 {
+		per := s.attemptTime / time.Duration(s.ran)
+		jobs := max(1, s.c.Jobs)
+		ev.ETA = per * time.Duration(s.total-s.done) / time.Duration(jobs)
+	}
+	s.mu.Unlock()
+	if s.c.Progress != nil {
+		s.c.Progress(ev)
+	}
+}
+
+func (s *session) collected(items []*item) []*result.Result {
+	var out []*result.Result
+	for _, it := range items {
+		if it.res != nil {
+			out = append(out, it.res)
+		}
+	}
+	return out
 }
 
 func (s *session) task(id string) (*loaded, error) {
@@ -147,7 +313,7 @@ func (s *session) image(ctx context.Context, name string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	b, err := image.Build(ctx, env, s.c.Store, image.Options{Log: s.log})
+	b, err := image.Build(ctx, env, s.c.Store, image.Options{})
 	if err != nil {
 		return "", err
 	}
@@ -155,9 +321,41 @@ func (s *session) image(ctx context.Context, name string) (string, error) {
 	return b.Manifest, nil
 }
 
+// copyResult copies a run folder's result.json to dst for another (model, instance).
+func copyResult(src, dst, model, instance string) (*result.Result, error) {
+	r, err := result.Read(filepath.Join(src, "result.json"))
+	if err != nil {
+		return nil, err
+	}
+	r.Model, r.InstanceID = model, instance
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return nil, err
+	}
+	return r, result.Write(filepath.Join(dst, "result.json"), r)
+}
+
 func verdictWord(r *result.Result) string {
 	if r.Resolved {
 		return "resolved"
 	}
 	return "not resolved: " + r.FailureClass
+}
+
+// Load reads every result.json under a run folder (Out/RunID/<model>/<instance>/), sorted by
+// model and instance: what `infradev report` regenerates reports from.
+func Load(runDir string) ([]*result.Result, error) {
+	files, err := filepath.Glob(filepath.Join(runDir, "*", "*", "result.json"))
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(files)
+	var out []*result.Result
+	for _, f := range files {
+		r, err := result.Read(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }

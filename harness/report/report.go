@@ -22,6 +22,21 @@ type Summary struct {
 	Schema string         `json:"schema"`
 	RunID  string         `json:"run_id"`
 	Models []ModelSummary `json:"models"`
+	// Projects and PromptVariants break the same results down another way.
+	Projects       []Group `json:"projects"`
+	PromptVariants []Group `json:"prompt_variants"`
+}
+
+// Group is the figures of the results sharing one project or prompt variant.
+type Group struct {
+	Name                string  `json:"name"`
+	Submitted           int     `json:"submitted"`
+	Completed           int     `json:"completed"`
+	Resolved            int     `json:"resolved"`
+	ResolutionRate      float64 `json:"resolution_rate"`
+	PassedOfficialTests int     `json:"passed_official_tests"`
+	ProbeRejected       int     `json:"probe_rejected"`
+	ProbeRejectionRate  float64 `json:"probe_rejection_rate"`
 }
 
 // ModelSummary is one model's figures.
@@ -42,6 +57,9 @@ type ModelSummary struct {
 	ProbeRejectionRate float64        `json:"probe_rejection_rate"`
 	FailureClasses     map[string]int `json:"failure_classes"`
 	ProbeCategories    map[string]int `json:"failed_probe_categories"`
+	// Resource use over the attempts that ran: mean wall time and the largest peak memory.
+	MeanWallSeconds    float64 `json:"mean_wall_seconds"`
+	MaxPeakMemoryBytes int64   `json:"max_peak_memory_bytes"`
 
 	ResolvedIDs   []string   `json:"resolved_ids"`
 	UnresolvedIDs []string   `json:"unresolved_ids"`
@@ -76,10 +94,52 @@ func Summarize(runID string, results []*result.Result) Summary {
 		sort.Slice(rs, func(i, j int) bool { return rs[i].InstanceID < rs[j].InstanceID })
 		s.Models = append(s.Models, summarizeModel(m, rs))
 	}
+	s.Projects = groups(results, func(r *result.Result) string { return r.Project })
+	s.PromptVariants = groups(results, func(r *result.Result) string { return r.PromptVariant })
 	return s
 }
 
+func groups(results []*result.Result, key func(*result.Result) string) []Group {
+	by := map[string]*Group{}
+	var names []string
+	for _, r := range results {
+		k := key(r)
+		if k == "" {
+			k = "unlabelled"
+		}
+		g := by[k]
+		if g == nil {
+			g = &Group{Name: k}
+			by[k] = g
+			names = append(names, k)
+		}
+		g.Submitted++
+		if r.Resolved || result.IsSubmissionFailure(r.FailureClass) {
+			g.Completed++
+		}
+		if r.Resolved {
+			g.Resolved++
+		}
+		if t := r.Phase("tests"); t != nil && t.Status == result.StatusPassed {
+			g.PassedOfficialTests++
+			if r.FailureClass == result.ProbesFailed {
+				g.ProbeRejected++
+			}
+		}
+	}
+	sort.Strings(names)
+	out := make([]Group, 0, len(names))
+	for _, n := range names {
+		g := by[n]
+		g.ResolutionRate = ratio(g.Resolved, g.Completed)
+		g.ProbeRejectionRate = ratio(g.ProbeRejected, g.PassedOfficialTests)
+		out = append(out, *g)
+	}
+	return out
+}
+
 func summarizeModel(model string, rs []*result.Result) ModelSummary {
+	ran := 0
 	ms := ModelSummary{Model: model, FailureClasses: map[string]int{}, ProbeCategories: map[string]int{},
 		ResolvedIDs: []string{}, UnresolvedIDs: []string{}, EmptyPatchIDs: []string{}, ErrorIDs: []string{}}
 	for _, r := range rs {
@@ -115,6 +175,18 @@ func summarizeModel(model string, rs []*result.Result) ModelSummary {
 		}
 		ms.Instances = append(ms.Instances, Instance{InstanceID: r.InstanceID, Resolved: r.Resolved,
 			Verdict: Verdict(r), FailureClass: r.FailureClass, Reason: r.Reason})
+		var wall float64
+		for _, p := range r.Phases {
+			wall += p.WallSeconds
+			ms.MaxPeakMemoryBytes = max(ms.MaxPeakMemoryBytes, p.PeakMemoryBytes)
+		}
+		if len(r.Phases) > 0 {
+			ms.MeanWallSeconds += wall
+			ran++
+		}
+	}
+	if ran > 0 {
+		ms.MeanWallSeconds /= float64(ran)
 	}
 	ms.ResolutionRate = ratio(ms.ResolvedInstances, ms.CompletedInstances)
 	ms.ProbeRejectionRate = ratio(ms.ProbeRejected, ms.PassedOfficialTests)
@@ -141,6 +213,8 @@ func Verdict(r *result.Result) string {
 		return "not resolved (out of memory)"
 	case result.TaskError:
 		return "not run (task error)"
+	case result.NotRun:
+		return "not run: " + r.Reason
 	}
 	return "not run (infrastructure error)"
 }

@@ -26,6 +26,9 @@ const (
 	InfraError = "infra_error"
 	// TaskError is a fault of the task itself (e.g. its repository is not at the base commit).
 	TaskError = "task_error"
+	// NotRun is an attempt this machine cannot run (e.g. it needs more GPUs than it has):
+	// reported apart, never counted against the submission.
+	NotRun = "not_run"
 )
 
 // IsSubmissionFailure reports whether a failure class counts against the submission.
@@ -42,7 +45,10 @@ type Result struct {
 	Schema     string `json:"schema"`
 	InstanceID string `json:"instance_id"`
 	Model      string `json:"model_name_or_path,omitempty"`
-	Inputs     Inputs `json:"inputs"`
+	Project    string `json:"project,omitempty"`
+	// PromptVariant is the prompt the submission came from (e.g. instruction, pr_description).
+	PromptVariant string `json:"prompt_variant,omitempty"`
+	Inputs        Inputs `json:"inputs"`
 
 	Resolved     bool   `json:"resolved"`
 	FailureClass string `json:"failure_class,omitempty"`
@@ -56,6 +62,8 @@ type Result struct {
 	// an infrastructure error and were run again.
 	RetriedInfraErrors []string `json:"retried_infra_errors,omitempty"`
 
+	// FailToPass is how many official tests are fail-to-pass (listed first in the tests phase).
+	FailToPass int       `json:"fail_to_pass_count"`
 	Phases     []Phase   `json:"phases"`
 	StartedAt  time.Time `json:"started_at"`
 	FinishedAt time.Time `json:"finished_at"`

@@ -12,10 +12,12 @@ import (
 	"path"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/bluekeyes/go-gitdiff/gitdiff"
+	"golang.org/x/sys/unix"
 
 	"github.com/infradev/infradev/harness/digest"
 	"github.com/infradev/infradev/harness/grade"
@@ -42,6 +44,10 @@ type Inputs struct {
 	// MeasureBudgets records budgeted probes' figures without judging them: how gold's
 	// baseline is measured.
 	MeasureBudgets bool
+	// GPUs are the device indices leased to this attempt (CUDA_VISIBLE_DEVICES inside).
+	GPUs []int
+	// PromptVariant names the prompt the submission was made from (recorded only).
+	PromptVariant string
 }
 
 // Runner runs attempts. Hand-wire it in main; tests may give it another Sandbox.
@@ -87,6 +93,8 @@ func (r *Runner) Run(ctx context.Context, in Inputs, out string) (*result.Result
 		res.InstanceID = in.Task.ID
 	}
 	res.EmptyPatch = len(strings.TrimSpace(string(in.Patch))) == 0
+	res.Project, res.PromptVariant = in.Task.Project, in.PromptVariant
+	res.FailToPass = len(in.Task.Tests.FailToPass)
 	inputs, err := r.Digests(in)
 	if err != nil {
 		return nil, err
@@ -107,6 +115,27 @@ func (r *Runner) Run(ctx context.Context, in Inputs, out string) (*result.Result
 		return nil, err
 	}
 	return res, nil
+}
+
+// Sweep unmounts and removes the scratch of attempts whose process died (a killed evaluation
+// leaves its overlays mounted), and returns how many it removed.
+func (r *Runner) Sweep() int {
+	dirs, _ := filepath.Glob(filepath.Join(r.Scratch, "attempt-*"))
+	n := 0
+	for _, d := range dirs {
+		if sandbox.OwnerAlive(d) {
+			continue
+		}
+		_ = unix.Unmount(filepath.Join(d, "root", "merged"), unix.MNT_DETACH)
+		_ = unix.Unmount(filepath.Join(d, "root"), unix.MNT_DETACH)
+		if os.RemoveAll(d) == nil {
+			n++
+		}
+	}
+	if rc, ok := r.Sandbox.(*sandbox.Runc); ok {
+		n += rc.Sweep()
+	}
+	return n
 }
 
 func (r *Runner) maxPatch() int {
@@ -149,6 +178,9 @@ func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result
 		return err
 	}
 	defer os.RemoveAll(work)
+	if err := sandbox.WriteOwner(work); err != nil {
+		return err
+	}
 
 	// Phase 0: static checks of the submission itself; nothing runs for a refused patch.
 	if max := r.maxPatch(); len(in.Patch) > max {
@@ -186,6 +218,13 @@ func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result
 		// so a repository cannot shadow the test runner's own modules.
 		"HOME=/tmp", "PYTHONDONTWRITEBYTECODE=1", "PYTHONHASHSEED=0", "PYTHONSAFEPATH=1",
 		"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", "LC_ALL=C.UTF-8")
+	if len(in.GPUs) > 0 {
+		ids := make([]string, len(in.GPUs))
+		for i, g := range in.GPUs {
+			ids[i] = strconv.Itoa(g)
+		}
+		env = append(env, "CUDA_VISIBLE_DEVICES="+strings.Join(ids, ","), "NVIDIA_VISIBLE_DEVICES="+strings.Join(ids, ","))
+	}
 	limits := sandbox.Limits{MemoryBytes: t.Resources.MemoryBytes, Pids: int64(t.Resources.Pids), CPUs: t.Resources.CPUs}
 	base := sandbox.Spec{
 		Root:     ov.Merged,

@@ -46,6 +46,9 @@ func (r *Runc) Run(ctx context.Context, s Spec) (*Result, error) {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	defer os.RemoveAll(bundle)
+	if err := writeOwner(bundle); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
 
 	cg, err := newRunCgroup(id)
 	if err != nil {

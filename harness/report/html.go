@@ -1,0 +1,156 @@
+package report
+
+import (
+	"fmt"
+	"html/template"
+	"io"
+	"sort"
+)
+
+// bar is one bar of a chart.
+type bar struct {
+	Label string
+	Value float64 // 0..1 for rates; any for figures
+	Text  string
+}
+
+// chart is an inline SVG horizontal bar chart.
+type chart struct {
+	ID, Title string
+	Bars      []bar
+	Max       float64
+}
+
+// svgBar is a bar laid out for the template.
+type svgBar struct {
+	Y, Width  float64
+	Label     string
+	Text      string
+	TextX     float64
+	Highlight bool
+}
+
+func (c chart) Layout() []svgBar {
+	max := c.Max
+	for _, b := range c.Bars {
+		if b.Value > max {
+			max = b.Value
+		}
+	}
+	if max == 0 {
+		max = 1
+	}
+	out := make([]svgBar, len(c.Bars))
+	for i, b := range c.Bars {
+		w := 420 * b.Value / max
+		out[i] = svgBar{Y: float64(28 + i*26), Width: w, Label: b.Label, Text: b.Text, TextX: 190 + w + 6}
+	}
+	return out
+}
+
+func (c chart) Height() int { return 40 + 26*len(c.Bars) }
+
+func rateBars[T any](items []T, label func(T) string, value func(T) float64) []bar {
+	var out []bar
+	for _, it := range items {
+		v := value(it)
+		out = append(out, bar{Label: label(it), Value: v, Text: fmt.Sprintf("%.1f%%", 100*v)})
+	}
+	return out
+}
+
+// charts are the page's charts, in order.
+func charts(s Summary) []chart {
+	name := func(m ModelSummary) string { return m.Model }
+	gname := func(g Group) string { return g.Name }
+	cs := []chart{
+		{ID: "resolution-by-model", Title: "Resolution rate by model", Max: 1,
+			Bars: rateBars(s.Models, name, func(m ModelSummary) float64 { return m.ResolutionRate })},
+		{ID: "resolution-by-project", Title: "Resolution rate by project", Max: 1,
+			Bars: rateBars(s.Projects, gname, func(g Group) float64 { return g.ResolutionRate })},
+		{ID: "resolution-by-prompt", Title: "Resolution rate by prompt variant", Max: 1,
+			Bars: rateBars(s.PromptVariants, gname, func(g Group) float64 { return g.ResolutionRate })},
+		{ID: "probe-rejection", Title: "Probe rejection rate by model (of submissions passing every official test)", Max: 1,
+			Bars: rateBars(s.Models, name, func(m ModelSummary) float64 { return m.ProbeRejectionRate })},
+	}
+	classes := map[string]int{}
+	for _, m := range s.Models {
+		for k, v := range m.FailureClasses {
+			classes[k] += v
+		}
+		for k, v := range m.ProbeCategories {
+			classes["probe: "+k] += v
+		}
+	}
+	var keys []string
+	for k := range classes {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	fc := chart{ID: "failure-categories", Title: "Failures by class and probe category"}
+	for _, k := range keys {
+		fc.Bars = append(fc.Bars, bar{Label: k, Value: float64(classes[k]), Text: fmt.Sprint(classes[k])})
+	}
+	cs = append(cs, fc)
+	res := chart{ID: "resources", Title: "Resource use: mean wall time per attempt (s) by model"}
+	mem := chart{ID: "memory", Title: "Resource use: largest peak memory (MiB) by model"}
+	for _, m := range s.Models {
+		res.Bars = append(res.Bars, bar{Label: m.Model, Value: m.MeanWallSeconds, Text: fmt.Sprintf("%.1fs", m.MeanWallSeconds)})
+		mb := float64(m.MaxPeakMemoryBytes) / (1 << 20)
+		mem.Bars = append(mem.Bars, bar{Label: m.Model, Value: mb, Text: fmt.Sprintf("%.0f MiB", mb)})
+	}
+	return append(cs, res, mem)
+}
+
+var page = template.Must(template.New("report").Funcs(template.FuncMap{
+	"pct": func(v float64) float64 { return 100 * v },
+}).Parse(`<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>InfraDev report: {{.S.RunID}}</title>
+<style>
+body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1d2330;max-width:1100px}
+h1{font-size:22px} h2{font-size:16px;margin-top:28px}
+table{border-collapse:collapse;margin:8px 0} td,th{border:1px solid #ccd;padding:4px 8px;text-align:left}
+th{background:#eef1f6} td.n{text-align:right}
+.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(480px,1fr));gap:16px}
+svg.chart{border:1px solid #dde;border-radius:6px;background:#fbfcfe}
+.bar{fill:#3b6fd8} .lbl{font-size:12px;fill:#333} .val{font-size:12px;fill:#111}
+</style></head>
+<body>
+<h1>InfraDev report: {{.S.RunID}}</h1>
+<p>Resolved = the patch applies, every official test passes and every probe passes. Probe rejection
+rate = of the submissions that passed every official test, the share the probes rejected.
+Attempts not run or failed by the infrastructure are counted apart.</p>
+<table><tr><th>model</th><th>submitted</th><th>resolved</th><th>resolution rate</th><th>passed official tests</th><th>probe-rejected</th><th>probe rejection rate</th><th>not run / errors</th></tr>
+{{range .S.Models}}<tr><td>{{.Model}}</td><td class="n">{{.SubmittedInstances}}</td><td class="n">{{.ResolvedInstances}}</td><td class="n">{{printf "%.1f%%" (pct .ResolutionRate)}}</td><td class="n">{{.PassedOfficialTests}}</td><td class="n">{{.ProbeRejected}}</td><td class="n">{{printf "%.1f%%" (pct .ProbeRejectionRate)}}</td><td class="n">{{.ErrorInstances}}</td></tr>
+{{end}}</table>
+<div class="charts">
+{{range .Charts}}<svg class="chart" id="{{.ID}}" role="img" aria-label="{{.Title}}" width="100%" viewBox="0 0 700 {{.Height}}" preserveAspectRatio="xMinYMin meet">
+<text x="10" y="18" class="lbl" font-weight="bold">{{.Title}}</text>
+{{range .Layout}}<text x="10" y="{{.Y}}" dy="14" class="lbl">{{.Label}}</text><rect class="bar" x="190" y="{{.Y}}" width="{{.Width}}" height="18" rx="2"></rect><text x="{{.TextX}}" y="{{.Y}}" dy="14" class="val">{{.Text}}</text>
+{{end}}</svg>
+{{end}}</div>
+<h2>Instances</h2>
+<table><tr><th>model</th><th>instance</th><th>verdict</th><th>reason</th></tr>
+{{range .S.Models}}{{$m := .Model}}{{range .Instances}}<tr><td>{{$m}}</td><td>{{.InstanceID}}</td><td>{{.Verdict}}</td><td>{{.Reason}}</td></tr>
+{{end}}{{end}}</table>
+<script>
+// Marks the page ready once every chart has drawn its bars; the browser test checks for it.
+(function () {
+  var charts = document.querySelectorAll("svg.chart");
+  var drawn = Array.prototype.every.call(charts, function (c) { return c.getBBox().width > 0; });
+  document.body.setAttribute("data-charts", String(charts.length));
+  document.body.setAttribute("data-ready", drawn ? "1" : "0");
+})();
+</script>
+</body></html>
+`))
+
+// WriteHTML writes a self-contained HTML page (no external resources) with the summary tables
+// and SVG charts: resolution rate by model, project and prompt variant, probe rejection rate,
+// failures by class and probe category, and resource use.
+func WriteHTML(w io.Writer, s Summary) error {
+	return page.Execute(w, struct {
+		S      Summary
+		Charts []chart
+	}{s, charts(s)})
+}

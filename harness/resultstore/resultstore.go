@@ -1,0 +1,120 @@
+// Package resultstore owns the content-addressed store of attempt results: one folder per key,
+// the digest of everything that can change a verdict (task, environment, probes, patch,
+// harness, hardware). A key is never a run id, so identical submissions, from any model or
+// run, are graded once. Entries appear whole or not at all.
+package resultstore
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/infradev/infradev/harness/result"
+)
+
+// Store is a directory of results by key.
+type Store struct{ Dir string }
+
+// Key is the store key of an attempt with these inputs.
+func Key(in result.Inputs) string {
+	data, _ := json.Marshal(in) // fixed field order: canonical
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+}
+
+// Get returns the stored result for key, if any.
+func (s Store) Get(key string) (*result.Result, bool) {
+	if s.Dir == "" {
+		return nil, false
+	}
+	r, err := result.Read(filepath.Join(s.Dir, key, "result.json"))
+	return r, err == nil
+}
+
+// Put stores the run folder src under key (copied, then renamed into place). An existing
+// entry is kept.
+func (s Store) Put(key, src string) error {
+	if s.Dir == "" {
+		return nil
+	}
+	final := filepath.Join(s.Dir, key)
+	if _, err := os.Stat(final); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(s.Dir, 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp(s.Dir, ".put-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	if err := copyTree(src, tmp); err != nil {
+		return fmt.Errorf("storing result %s: %w", key, err)
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		if _, serr := os.Stat(final); serr == nil {
+			return nil // stored meanwhile by another process
+		}
+		return err
+	}
+	return nil
+}
+
+// CopyOut writes the stored entry for key to dst as the result of (model, instance): the
+// folder is copied whole, then renamed into place.
+func (s Store) CopyOut(key, dst, model, instance string) (*result.Result, error) {
+	src := filepath.Join(s.Dir, key)
+	tmp := dst + ".tmp"
+	os.RemoveAll(tmp)
+	if err := copyTree(src, tmp); err != nil {
+		return nil, err
+	}
+	r, err := result.Read(filepath.Join(tmp, "result.json"))
+	if err != nil {
+		return nil, err
+	}
+	r.Model, r.InstanceID = model, instance
+	if err := result.Write(filepath.Join(tmp, "result.json"), r); err != nil {
+		return nil, err
+	}
+	if err := os.RemoveAll(dst); err != nil {
+		return nil, err
+	}
+	return r, os.Rename(tmp, dst)
+}
+
+func copyTree(src, dst string) error {
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		target := filepath.Join(dst, rel)
+		if d.IsDir() {
+			return os.MkdirAll(target, 0o755)
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		in, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer in.Close()
+		out, err := os.Create(target)
+		if err != nil {
+			return err
+		}
+		if _, err := io.Copy(out, in); err != nil {
+			out.Close()
+			return err
+		}
+		return out.Close()
+	})
+}

@@ -80,10 +80,19 @@ type item struct {
 // error says the evaluation was interrupted.
 func Run(ctx context.Context, c Config) ([]*result.Result, error) {
 	var preds []predictions.Prediction
+	from := map[[2]string]string{}
 	for _, f := range c.Predictions {
 		ps, err := predictions.Read(f)
 		if err != nil {
 			return nil, err
+		}
+		// One run folder per (model, instance): two predictions for it would share it.
+		for _, p := range ps {
+			k := [2]string{p.Model, p.InstanceID}
+			if prev, dup := from[k]; dup {
+				return nil, fmt.Errorf("%s: %s already has a prediction for %s in %s", f, p.Model, p.InstanceID, prev)
+			}
+			from[k] = f
 		}
 		preds = append(preds, ps...)
 	}

@@ -16,14 +16,14 @@ import (
 
 	"github.com/infradev/infradev/harness/envspec"
 	"github.com/infradev/infradev/harness/image"
+	"github.com/infradev/infradev/harness/internal/testenv"
 )
 
 // newEnv writes an environment of copy and git steps (no Debian: fast and offline).
 func newEnv(t *testing.T) string {
 	t.Helper()
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("git not installed")
-	}
+	_, err := exec.LookPath("git")
+	testenv.Require(t, err == nil, "git")
 	root := filepath.Join(t.TempDir(), "tiny")
 	write := func(rel, body string, mode os.FileMode) {
 		p := filepath.Join(root, rel)

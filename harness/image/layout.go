@@ -100,6 +100,34 @@ func writeIndex(dir string, idx *v1.IndexManifest) error {
 	return atomicfile.Write(filepath.Join(dir, "index.json"), append(data, '\n'))
 }
 
+// putLayers copies every layer of img into the layout, each checked against its digest.
+func putLayers(dir string, img v1.Image) error {
+	layers, err := img.Layers()
+	if err != nil {
+		return err
+	}
+	for _, l := range layers {
+		d, err := l.Digest()
+		if err != nil {
+			return err
+		}
+		size, err := l.Size()
+		if err != nil {
+			return err
+		}
+		rc, err := l.Compressed()
+		if err != nil {
+			return err
+		}
+		err = putBlobFrom(dir, d.String(), size, rc)
+		rc.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // putImage writes img's config and manifest (its layers must be in the layout already) and
 // names it in index.json, replacing any image of the same name. The index is rewritten last,
 // so a crash before it leaves the previous index, which references only complete blobs.

@@ -58,28 +58,8 @@ func Pull(ctx context.Context, st Store, ref, imageName string) (string, error) 
 		return "", err
 	}
 	defer lock.Unlock()
-	layers, err := img.Layers()
-	if err != nil {
-		return "", err
-	}
-	for _, l := range layers {
-		d, err := l.Digest()
-		if err != nil {
-			return "", err
-		}
-		size, err := l.Size()
-		if err != nil {
-			return "", err
-		}
-		rc, err := l.Compressed()
-		if err != nil {
-			return "", err
-		}
-		err = putBlobFrom(st.Layout(), d.String(), size, rc)
-		rc.Close()
-		if err != nil {
-			return "", fmt.Errorf("pulling %s: %w", ref, err)
-		}
+	if err := putLayers(st.Layout(), img); err != nil {
+		return "", fmt.Errorf("pulling %s: %w", ref, err)
 	}
 	digest, err := putImage(st.Layout(), img, imageName)
 	if err != nil {

@@ -33,22 +33,8 @@ func (b *builder) baseImage(ctx context.Context, key string, s envspec.Step) ([]
 		if err != nil {
 			return nil, nil, fmt.Errorf("pulling %s: %w", s.Image.Ref, err)
 		}
-		ls, err := img.Layers()
-		if err != nil {
-			return nil, nil, err
-		}
-		for _, l := range ls {
-			d, _ := l.Digest()
-			size, _ := l.Size()
-			rc, err := l.Compressed()
-			if err != nil {
-				return nil, nil, err
-			}
-			err = putBlobFrom(b.st.Layout(), d.String(), size, rc)
-			rc.Close()
-			if err != nil {
-				return nil, nil, err
-			}
+		if err := putLayers(b.st.Layout(), img); err != nil {
+			return nil, nil, fmt.Errorf("pulling %s: %w", s.Image.Ref, err)
 		}
 		cfg, err := img.RawConfigFile()
 		if err != nil {

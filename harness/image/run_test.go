@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/infradev/infradev/harness/internal/testenv"
 )
 
 func layerEntries(t *testing.T, blob string) map[string]string {
@@ -39,21 +41,16 @@ func layerEntries(t *testing.T, blob string) map[string]string {
 // TestRunStepLayerIsWhatTheCommandChanged runs a real command in the sandbox over a busybox
 // base and checks the layer holds its additions and its deletion as a whiteout.
 func TestRunStepLayerIsWhatTheCommandChanged(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("run steps need root (runc, overlayfs)")
-	}
-	if _, err := exec.LookPath("runc"); err != nil {
-		t.Skip("runc not installed")
-	}
+	testenv.Require(t, os.Geteuid() == 0, "root (run steps use runc and overlayfs)")
+	_, err := exec.LookPath("runc")
+	testenv.Require(t, err == nil, "runc")
 	root := filepath.Join(t.TempDir(), "busy")
 	base := filepath.Join(root, "base")
 	for _, d := range []string{"bin", "etc", "tmp"} {
 		os.MkdirAll(filepath.Join(base, d), 0o755)
 	}
 	bb, err := os.ReadFile("/bin/busybox")
-	if err != nil {
-		t.Skip("busybox-static not installed")
-	}
+	testenv.Require(t, err == nil, "busybox-static")
 	os.WriteFile(filepath.Join(base, "bin", "busybox"), bb, 0o755)
 	os.Symlink("busybox", filepath.Join(base, "bin", "sh"))
 	os.WriteFile(filepath.Join(base, "etc", "motd"), []byte("old\n"), 0o644)

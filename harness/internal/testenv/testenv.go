@@ -43,6 +43,19 @@ func RequireSandbox(t testing.TB) {
 	t.Skipf("end-to-end tests need %s", strings.Join(missing, ", "))
 }
 
+// Require skips the test when ok is false (why says what is missing), except under CI, which
+// installs every prerequisite: there it fails.
+func Require(t testing.TB, ok bool, why string) {
+	t.Helper()
+	if ok {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatalf("prerequisite missing: %s", why)
+	}
+	t.Skipf("prerequisite missing: %s", why)
+}
+
 // RepoRoot is the monorepo root (the directory holding go.mod).
 func RepoRoot(t testing.TB) string {
 	t.Helper()

@@ -58,8 +58,17 @@ Exit codes: 0 the evaluation completed (whatever the verdicts); 2 bad usage or i
 					return exitf(ExitUsage, "--memory: %v", err)
 				}
 			}
-			for i := 0; i < o.gpus; i++ {
-				capacity.GPUs = append(capacity.GPUs, i)
+			switch {
+			case o.gpus >= 0: // a simulated count, for planning and tests
+				for i := 0; i < o.gpus; i++ {
+					capacity.GPUs = append(capacity.GPUs, i)
+				}
+			case g.machine() != nil:
+				for _, d := range g.machine().Devices {
+					capacity.GPUs = append(capacity.GPUs, d.Index)
+				}
+			default:
+				fmt.Fprintf(cmd.ErrOrStderr(), "no GPUs: %v; tasks that need GPUs will be reported as not run\n", g.gpuErr)
 			}
 			if sw, ok := r.(interface{ Sweep() int }); ok {
 				if n := sw.Sweep(); n > 0 {
@@ -117,7 +126,7 @@ Exit codes: 0 the evaluation completed (whatever the verdicts); 2 bad usage or i
 	f.IntVar(&o.jobs, "jobs", 0, "run at most this many attempts at once (0: as capacity allows)")
 	f.Float64Var(&o.cpus, "cpus", float64(runtime.NumCPU()), "CPUs to pack attempts onto")
 	f.StringVar(&o.memory, "memory", "", "memory to pack attempts onto (default: this machine's)")
-	f.IntVar(&o.gpus, "gpus", 0, "GPUs to pack attempts onto, as device indices 0..N-1")
+	f.IntVar(&o.gpus, "gpus", -1, "GPUs to pack attempts onto: -1 finds them with NVML; N simulates device indices 0..N-1")
 	_ = cmd.MarkFlagRequired("predictions")
 	return cmd
 }

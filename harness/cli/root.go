@@ -13,8 +13,10 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/spf13/cobra"
 
+	"github.com/infradev/infradev/harness/gpu"
 	"github.com/infradev/infradev/harness/image"
 	"github.com/infradev/infradev/harness/runner"
 	"github.com/infradev/infradev/harness/sandbox"
@@ -47,10 +49,15 @@ func exitf(code int, format string, args ...any) error {
 	return &ExitError{Code: code, Err: fmt.Errorf(format, args...)}
 }
 
-// globals are the flags every command shares.
+// globals are the flags every command shares, and what is discovered once per process.
 type globals struct {
 	store string
 	cache string
+
+	gpusRead bool
+	gpus     *gpu.Machine
+	nvml     nvml.Interface
+	gpuErr   error
 }
 
 // Execute runs the command line and returns the process exit code.
@@ -97,7 +104,7 @@ Exit codes: 0 success (run-task: resolved); 1 not resolved or a check failed;
 		"image store: the OCI layout and step cache (env INFRADEV_STORE)")
 	root.PersistentFlags().StringVar(&g.cache, "cache", envOr("INFRADEV_CACHE", ".infradev/cache"),
 		"local cache: unpacked layers, sandbox state and scratch (env INFRADEV_CACHE)")
-	root.AddCommand(newEnvCmd(g), newRunTaskCmd(g), newEvalCmd(g), newValidateCmd(g), newBenchCmd(g), newReportCmd())
+	root.AddCommand(newEnvCmd(g), newRunTaskCmd(g), newEvalCmd(g), newValidateCmd(g), newBenchCmd(g), newReportCmd(), newGPUsCmd(g))
 	return root
 }
 
@@ -110,17 +117,40 @@ func envOr(key, def string) string {
 
 func (g *globals) imageStore() image.Store { return image.Store{Dir: g.store} }
 
-// runner wires the attempt runner: runc sandbox, unpack cache, scratch space, and one retry
-// of attempts that end in an infrastructure error.
+// runner wires the attempt runner: runc sandbox, unpack cache, scratch space, the machine's
+// GPUs (leased across processes, passed through as the NVIDIA toolkit does) when NVML finds
+// any, and one retry of attempts that end in an infrastructure error.
 func (g *globals) runner() (runner.Attempter, error) {
 	cache, err := filepath.Abs(g.cache)
 	if err != nil {
 		return nil, err
 	}
-	return runner.Retry{Attempter: &runner.Runner{
+	r := &runner.Runner{
 		Sandbox: &sandbox.Runc{Binary: envOr("INFRADEV_RUNTIME", "runc"), StateDir: filepath.Join(cache, "sandbox")},
 		Cache:   unpack.Cache{Dir: filepath.Join(cache, "unpacked")},
 		Scratch: filepath.Join(cache, "scratch"),
 		Harness: Version,
-	}}, nil
+	}
+	if m := g.machine(); m != nil && len(m.Devices) > 0 {
+		r.GPUs = gpu.HostNodes{Machine: m}
+		r.NVML = g.nvml
+		r.Leases = &runner.Leases{Dir: envOr("INFRADEV_GPU_LEASES", "/run/infradev/gpu-leases"), Machine: m}
+		r.Hardware = "gpu:" + m.Devices[0].Name
+	}
+	return runner.Retry{Attempter: r}, nil
+}
+
+// machine discovers the GPUs once; nil when there is no driver.
+func (g *globals) machine() *gpu.Machine {
+	if !g.gpusRead {
+		g.gpusRead = true
+		lib := nvml.New()
+		m, err := gpu.Discover(lib)
+		if err == nil {
+			g.gpus, g.nvml = m, lib
+		} else {
+			g.gpuErr = err
+		}
+	}
+	return g.gpus
 }

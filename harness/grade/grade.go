@@ -31,6 +31,8 @@ type Raw struct {
 	// ReportProblem says why no trustworthy report arrived, when one did not.
 	ReportProblem string
 	Log           string
+	// GPUPeakMemory is the peak GPU memory the phase used above idle (0 without GPUs).
+	GPUPeakMemory uint64
 }
 
 // Expected names the tests a phase must report and, for probes, what each one is.
@@ -173,9 +175,8 @@ func Merge(into *result.Phase, p result.Phase) {
 	into.Tests = append(into.Tests, p.Tests...)
 	into.WallSeconds += p.WallSeconds
 	into.CPUSeconds += p.CPUSeconds
-	if p.PeakMemoryBytes > into.PeakMemoryBytes {
-		into.PeakMemoryBytes = p.PeakMemoryBytes
-	}
+	into.PeakMemoryBytes = max(into.PeakMemoryBytes, p.PeakMemoryBytes)
+	into.GPUPeakMemory = max(into.GPUPeakMemory, p.GPUPeakMemory)
 	into.Detail = join(into.Detail, p.Detail)
 	for _, t := range p.Tests {
 		if t.Outcome != result.StatusPassed && p.Status == result.StatusPassed {
@@ -298,6 +299,7 @@ func phase(name string, raw Raw) result.Phase {
 		WallSeconds:     raw.Run.Wall.Seconds(),
 		CPUSeconds:      raw.Run.CPU.Seconds(),
 		PeakMemoryBytes: raw.Run.PeakMemory,
+		GPUPeakMemory:   int64(raw.GPUPeakMemory),
 		Log:             raw.Log,
 	}
 }

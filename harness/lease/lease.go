@@ -26,6 +26,8 @@ type Request struct {
 	MinMemory uint64
 	// Connected requires every pair of the set to be linked by NVLink.
 	Connected bool
+	// Exclude are GPU indices not to lease (e.g. ones that just reported a fault).
+	Exclude []int
 }
 
 // ErrUnsatisfiable means no set of this machine's GPUs can ever satisfy the request.
@@ -99,9 +101,13 @@ func try(dir string, m *gpu.Machine, set []int) (*Lease, error) {
 
 // Candidates lists the sets of GPUs that satisfy req, best connected first.
 func Candidates(m *gpu.Machine, req Request) [][]int {
+	excluded := map[int]bool{}
+	for _, i := range req.Exclude {
+		excluded[i] = true
+	}
 	var eligible []int
 	for _, d := range m.Devices {
-		if d.MemoryBytes >= req.MinMemory {
+		if d.MemoryBytes >= req.MinMemory && !excluded[d.Index] {
 			eligible = append(eligible, d.Index)
 		}
 	}

@@ -93,16 +93,18 @@ const (
 
 // Phase is one step of an attempt: apply, tests or probes.
 type Phase struct {
-	Name            string        `json:"name"`
-	Status          string        `json:"status"`
-	ExitCode        int           `json:"exit_code"`
-	Detail          string        `json:"detail,omitempty"`
-	WallSeconds     float64       `json:"wall_seconds"`
-	CPUSeconds      float64       `json:"cpu_seconds"`
-	PeakMemoryBytes int64         `json:"peak_memory_bytes"`
-	Tests           []TestOutcome `json:"tests,omitempty"`
-	Log             string        `json:"log,omitempty"`
-	JUnit           string        `json:"junit,omitempty"`
+	Name            string  `json:"name"`
+	Status          string  `json:"status"`
+	ExitCode        int     `json:"exit_code"`
+	Detail          string  `json:"detail,omitempty"`
+	WallSeconds     float64 `json:"wall_seconds"`
+	CPUSeconds      float64 `json:"cpu_seconds"`
+	PeakMemoryBytes int64   `json:"peak_memory_bytes"`
+	// GPUPeakMemory is the leased GPUs' peak memory use above idle, where GPUs were leased.
+	GPUPeakMemory int64         `json:"gpu_peak_memory_bytes,omitempty"`
+	Tests         []TestOutcome `json:"tests,omitempty"`
+	Log           string        `json:"log,omitempty"`
+	JUnit         string        `json:"junit,omitempty"`
 }
 
 // TestOutcome is the graded outcome of one expected test or probe.

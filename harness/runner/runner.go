@@ -12,15 +12,18 @@ import (
 	"path"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/bluekeyes/go-gitdiff/gitdiff"
 	"golang.org/x/sys/unix"
 
 	"github.com/infradev/infradev/harness/digest"
+	"github.com/infradev/infradev/harness/gpu"
 	"github.com/infradev/infradev/harness/grade"
+	"github.com/infradev/infradev/harness/lease"
 	"github.com/infradev/infradev/harness/logcap"
 	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/result"
@@ -66,6 +69,13 @@ type Runner struct {
 	MaxPatchBytes int
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
+	// GPUs passes leased GPUs into the sandbox; nil sets only the visibility variables.
+	GPUs gpu.Nodes
+	// NVML, when set, meters the leased GPUs' memory per phase and watches them for Xid faults.
+	NVML nvml.Interface
+	// Leases, when set, leases the task's GPUs across processes (file locks) for each
+	// attempt, overriding Inputs.GPUs: concurrent runners never share a GPU.
+	Leases *Leases
 }
 
 // Paths inside the sandbox.
@@ -166,10 +176,43 @@ func (r *Runner) Digests(in Inputs) (result.Inputs, error) {
 	return result.Inputs{Task: td, Environment: in.Image, Probes: pd, Patch: digest.Bytes(in.Patch), Harness: r.Harness, Hardware: r.hardware()}, nil
 }
 
+// Leases is where GPU leases are taken: a runtime directory of lock files and the machine.
+// GPUs that reported a fault (an Xid) are set aside for the rest of the process, so a retry
+// runs on other GPUs.
+type Leases struct {
+	Dir     string
+	Machine *gpu.Machine
+
+	mu     sync.Mutex
+	faulty []int
+}
+
+func (l *Leases) setAside(indices ...int) {
+	l.mu.Lock()
+	l.faulty = append(l.faulty, indices...)
+	l.mu.Unlock()
+}
+
+func (l *Leases) excluded() []int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]int{}, l.faulty...)
+}
+
 // attempt runs the phases, appending each graded phase to res. A returned error is an
 // infrastructure fault.
 func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result.Result) error {
 	t := in.Task
+	if n := t.Resources.GPUs.Count; n > 0 && r.Leases != nil {
+		l, err := lease.Acquire(ctx, r.Leases.Dir, r.Leases.Machine, lease.Request{Count: n,
+			MinMemory: uint64(t.Resources.GPUs.MinMemoryBytes), Connected: t.Resources.GPUs.Connected,
+			Exclude: r.Leases.excluded()})
+		if err != nil {
+			return fmt.Errorf("leasing %d GPUs: %w", n, err)
+		}
+		defer l.Release()
+		in.GPUs = l.Indices
+	}
 	if err := os.MkdirAll(r.Scratch, 0o755); err != nil {
 		return err
 	}
@@ -218,12 +261,19 @@ func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result
 		// so a repository cannot shadow the test runner's own modules.
 		"HOME=/tmp", "PYTHONDONTWRITEBYTECODE=1", "PYTHONHASHSEED=0", "PYTHONSAFEPATH=1",
 		"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", "LC_ALL=C.UTF-8")
+	var devices []sandbox.Device
+	var gpuMounts []sandbox.Mount
 	if len(in.GPUs) > 0 {
-		ids := make([]string, len(in.GPUs))
-		for i, g := range in.GPUs {
-			ids[i] = strconv.Itoa(g)
+		if r.GPUs == nil {
+			env = append(env, gpu.Visibility(in.GPUs)...)
+		} else {
+			p, err := r.GPUs.Passthrough(in.GPUs)
+			if err != nil {
+				return fmt.Errorf("GPU pass-through: %w", err)
+			}
+			env = append(env, p.Env...)
+			devices, gpuMounts = p.Devices, p.Mounts
 		}
-		env = append(env, "CUDA_VISIBLE_DEVICES="+strings.Join(ids, ","), "NVIDIA_VISIBLE_DEVICES="+strings.Join(ids, ","))
 	}
 	limits := sandbox.Limits{MemoryBytes: t.Resources.MemoryBytes, Pids: int64(t.Resources.Pids), CPUs: t.Resources.CPUs}
 	base := sandbox.Spec{
@@ -232,10 +282,12 @@ func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result
 		Env:      env,
 		Cwd:      t.Repo.Path,
 		Limits:   limits,
+		Devices:  devices,
+		Mounts:   gpuMounts,
 	}
 
 	// Phase 1: the submission, then the official tests from the harness's copy.
-	raw, err := r.phase(ctx, out, "apply", base, staging, "", []string{"/bin/sh", inDir + "/apply.sh"}, t.Timeouts.ApplyD)
+	raw, err := r.phase(ctx, out, "apply", base, staging, "", []string{"/bin/sh", inDir + "/apply.sh"}, t.Timeouts.ApplyD, nil)
 	if err != nil {
 		return err
 	}
@@ -247,7 +299,7 @@ func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result
 
 	// Phase 2: official tests, graded from the JUnit report.
 	tests := pytest(t.Tests.IDs(), "")
-	raw, err = r.phase(ctx, out, "tests", base, staging, "", tests, t.Timeouts.TestsD)
+	raw, err = r.phase(ctx, out, "tests", base, staging, "", tests, t.Timeouts.TestsD, in.GPUs)
 	if err != nil {
 		return err
 	}
@@ -275,14 +327,14 @@ func (r *Runner) probes(ctx context.Context, in Inputs, out string, base sandbox
 	}
 	phase := result.Phase{Name: "probes", Status: result.StatusPassed}
 	if len(plain) > 0 {
-		raw, err := r.phase(ctx, out, "probes", base, staging, in.Probes.Dir, pytest(plain, probesDir), t.Timeouts.ProbesD)
+		raw, err := r.phase(ctx, out, "probes", base, staging, in.Probes.Dir, pytest(plain, probesDir), t.Timeouts.ProbesD, in.GPUs)
 		if err != nil {
 			return phase, err
 		}
 		phase = grade.Tests("probes", raw, grade.Expected{IDs: plain, Probes: infos})
 	}
 	for _, p := range in.Probes.Budgeted() {
-		raw, err := r.phase(ctx, out, "probe-"+p.ID, base, staging, in.Probes.Dir, pytest([]string{p.Test}, probesDir), t.Timeouts.ProbesD)
+		raw, err := r.phase(ctx, out, "probe-"+p.ID, base, staging, in.Probes.Dir, pytest([]string{p.Test}, probesDir), t.Timeouts.ProbesD, in.GPUs)
 		if err != nil {
 			return phase, err
 		}
@@ -320,7 +372,7 @@ func pytest(ids []string, root string) []string {
 
 // phase runs one sandboxed command with the staging folder mounted read-only and a fresh,
 // empty output folder, and collects its JUnit report and capped log.
-func (r *Runner) phase(ctx context.Context, out, name string, spec sandbox.Spec, staging, probes string, args []string, timeout time.Duration) (grade.Raw, error) {
+func (r *Runner) phase(ctx context.Context, out, name string, spec sandbox.Spec, staging, probes string, args []string, timeout time.Duration, gpus []int) (grade.Raw, error) {
 	outHost := filepath.Join(filepath.Dir(staging), "out-"+name)
 	if err := os.Mkdir(outHost, 0o777); err != nil {
 		return grade.Raw{}, err
@@ -355,14 +407,36 @@ func (r *Runner) phase(ctx context.Context, out, name string, spec sandbox.Spec,
 	if probes != "" {
 		spec.Mounts = append(spec.Mounts, sandbox.Mount{Source: probes, Dest: probesDir, ReadOnly: true})
 	}
+	var sampler *gpu.Sampler
+	var watch *gpu.Watch
+	if r.NVML != nil && len(gpus) > 0 {
+		sampler = gpu.Sample(r.NVML, gpus, 0)
+		if watch, err = gpu.WatchXids(r.NVML, gpus); err != nil {
+			sampler.Stop()
+			log.Close()
+			return grade.Raw{}, err
+		}
+	}
 	run, err := r.Sandbox.Run(ctx, spec)
 	if cerr := log.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
+	var gpuPeak uint64
+	if sampler != nil {
+		gpuPeak = sampler.Stop()
+		if xids := watch.Stop(); len(xids) > 0 && err == nil {
+			if r.Leases != nil {
+				for _, x := range xids {
+					r.Leases.setAside(x.Index)
+				}
+			}
+			err = fmt.Errorf("GPU fault during the run: Xid %d on GPU %d", xids[0].Code, xids[0].Index)
+		}
+	}
 	if err != nil {
 		return grade.Raw{}, fmt.Errorf("%s phase: %w", name, err)
 	}
-	raw := grade.Raw{Run: run, Log: logRel}
+	raw := grade.Raw{Run: run, Log: logRel, GPUPeakMemory: gpuPeak}
 	if ch == nil {
 		return raw, nil
 	}

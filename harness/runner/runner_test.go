@@ -17,6 +17,8 @@ import (
 	"github.com/rogpeppe/go-internal/txtar"
 
 	"github.com/infradev/infradev/harness/digest"
+	"github.com/infradev/infradev/harness/gpu"
+	"github.com/infradev/infradev/harness/gpu/gputest"
 	"github.com/infradev/infradev/harness/internal/testenv"
 	"github.com/infradev/infradev/harness/predictions"
 	"github.com/infradev/infradev/harness/probe"
@@ -385,5 +387,64 @@ func TestMemoryBudgetRejectsWastefulPatch(t *testing.T) {
 			}
 			t.Logf("%s: %s", o.Probe, o.Message)
 		}
+	}
+}
+
+// gpuFaults wraps a sandbox: while a command runs on a leased (mocked) GPU it uses 3GiB of
+// that GPU's memory, and the first test phase it sees gets an Xid on its GPU.
+type gpuFaults struct {
+	sandbox.Sandbox
+	m        *gputest.Machine
+	injected bool
+}
+
+func (f *gpuFaults) Run(ctx context.Context, s sandbox.Spec) (*sandbox.Result, error) {
+	for _, e := range s.Env {
+		if v, ok := strings.CutPrefix(e, "NVIDIA_VISIBLE_DEVICES="); ok && v != "" {
+			idx, _ := strconv.Atoi(strings.Split(v, ",")[0])
+			f.m.SetUsed(idx, 3<<30)
+			defer f.m.SetUsed(idx, 0)
+			if !f.injected && strings.Contains(strings.Join(s.Args, " "), "pytest") {
+				f.injected = true
+				f.m.Xid(idx, 79)
+			}
+			time.Sleep(150 * time.Millisecond) // let the meter and the watch see the run
+		}
+	}
+	return f.Sandbox.Run(ctx, s)
+}
+
+// TestGPUFaultIsRetriedOnOtherGPUs runs a 1-GPU attempt through the whole GPU path on a mocked
+// machine and a fake device set: lease, pass-through, memory meter, Xid watch. The Xid in the
+// first attempt makes it an infrastructure error; the retry leases another GPU and resolves,
+// and the phases record the GPU memory used.
+func TestGPUFaultIsRetriedOnOtherGPUs(t *testing.T) {
+	testenv.RequireSandbox(t)
+	tk, ps := testenv.Task(t, "demo", "minitron-0001")
+	c := *tk
+	c.Resources.GPUs.Count = 1
+	lib := gputest.Islands()
+	m, err := gpu.Discover(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := gpu.FakeNodes{Dir: filepath.Join(t.TempDir(), "dev"), N: 8}
+	if err := fake.Create(); err != nil {
+		t.Fatal(err)
+	}
+	r := testenv.Runner(t, nil)
+	r.Sandbox = &gpuFaults{Sandbox: r.Sandbox, m: lib}
+	r.GPUs, r.NVML = fake, lib
+	r.Leases = &runner.Leases{Dir: t.TempDir(), Machine: m}
+	gold, _ := os.ReadFile(tk.File(tk.Gold))
+	res, err := runner.Retry{Attempter: r}.Run(context.Background(), testenv.Inputs(t, &c, ps, gold), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Resolved || len(res.RetriedInfraErrors) != 1 || !strings.Contains(res.RetriedInfraErrors[0], "Xid 79 on GPU 0") {
+		t.Fatalf("resolved=%v retried=%q (%s); want a resolved retry after an Xid on GPU 0", res.Resolved, res.RetriedInfraErrors, res.Reason)
+	}
+	if p := res.Phase("tests"); p == nil || p.GPUPeakMemory != 3<<30 {
+		t.Errorf("tests phase GPU peak memory = %v, want 3GiB", p)
 	}
 }

@@ -246,6 +246,14 @@ func ociConfig(s Spec, cgroupsPath string) *specs.Spec {
 		quota := int64(s.Limits.CPUs * float64(period))
 		res.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
 	}
+	var devices []specs.LinuxDevice
+	for _, d := range s.Devices {
+		mode := os.FileMode(0o666)
+		zero := uint32(0)
+		devices = append(devices, specs.LinuxDevice{Path: d.Path, Type: "c", Major: d.Major, Minor: d.Minor, FileMode: &mode, UID: &zero, GID: &zero})
+		major, minor := d.Major, d.Minor
+		res.Devices = append(res.Devices, specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &major, Minor: &minor, Access: "rwm"})
+	}
 	return &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
@@ -265,6 +273,7 @@ func ociConfig(s Spec, cgroupsPath string) *specs.Spec {
 		Linux: &specs.Linux{
 			CgroupsPath: cgroupsPath,
 			Resources:   res,
+			Devices:     devices,
 			Namespaces:  ns,
 			MaskedPaths: []string{"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
 				"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi"},

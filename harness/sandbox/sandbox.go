@@ -40,6 +40,9 @@ type Spec struct {
 	Timeout time.Duration
 	// Stdout and Stderr receive the command's output. Default: discarded.
 	Stdout, Stderr io.Writer
+	// Devices are character devices put into the sandbox; the device cgroup allows exactly
+	// these beyond the runtime's defaults.
+	Devices []Device
 	// ExtraFiles are passed to the command as file descriptors 3, 4, ...; Run closes them once
 	// the command has started, so pipes given here see EOF when the command ends.
 	ExtraFiles []*os.File
@@ -50,6 +53,12 @@ type Mount struct {
 	Source   string
 	Dest     string
 	ReadOnly bool
+}
+
+// Device is a character device node: Path inside the sandbox, Major/Minor its numbers.
+type Device struct {
+	Path         string
+	Major, Minor int64
 }
 
 // Limits bound a run's resources. Zero fields mean no limit, except TmpSize (default 256MiB).

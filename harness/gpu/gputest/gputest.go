@@ -6,6 +6,7 @@ package gputest
 import (
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
@@ -59,7 +60,7 @@ func build(nvlinked func(a, b int) bool) *Machine {
 				select {
 				case e := <-m.xids:
 					return e, nvml.SUCCESS
-				default:
+				case <-time.After(time.Duration(timeout) * time.Millisecond):
 					return nvml.EventData{}, nvml.ERROR_TIMEOUT
 				}
 			},

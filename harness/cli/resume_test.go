@@ -105,6 +105,13 @@ func TestKilledEvalResumes(t *testing.T) {
 			t.Errorf("%s finished before the kill but was run again", r.Model)
 		}
 	}
+	if !strings.Contains(string(log), "cleaned up") {
+		t.Errorf("the rerun did not clean up after the killed evaluation:\n%s", log)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mounts), filepath.Join(testenv.Cache(t), "scratch")) {
+		t.Errorf("scratch mounts of the killed evaluation are left:\n%s", mounts)
+	}
 	if got := strings.Count(string(log), "(resumed)"); got != len(before) {
 		t.Errorf("rerun resumed %d attempts, want the %d finished before the kill:\n%s", got, len(before), log)
 	}

@@ -24,6 +24,14 @@ type Retry struct {
 	Max int
 }
 
+// Sweep cleans up after attempts of dead processes, when the wrapped Attempter can.
+func (r Retry) Sweep() int {
+	if s, ok := r.Attempter.(interface{ Sweep() int }); ok {
+		return s.Sweep()
+	}
+	return 0
+}
+
 // Run implements Attempter.
 func (r Retry) Run(ctx context.Context, in Inputs, out string) (*result.Result, error) {
 	max := r.Max

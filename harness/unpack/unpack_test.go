@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/infradev/infradev/harness/internal/testenv"
 	"github.com/infradev/infradev/harness/unpack"
 )
 
@@ -77,9 +78,7 @@ func TestRefusesEscapes(t *testing.T) {
 }
 
 func TestWhiteoutsBecomeOverlayWhiteouts(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("creating overlay whiteouts (mknod, trusted xattrs) needs root")
-	}
+	testenv.Require(t, os.Geteuid() == 0, "root (overlay whiteouts need mknod and trusted xattrs)")
 	dir := t.TempDir()
 	err := unpack.Tar(bytes.NewReader(tarOf(t,
 		entry{name: "etc/", typ: tar.TypeDir},

@@ -157,3 +157,40 @@ func TestValidateDemoTask(t *testing.T) {
 		t.Errorf("validate table:\n%s", stdout)
 	}
 }
+
+// TestEvalBucketingPredictions: minitron-0002's sample patches get the verdicts they were
+// written for; the two that pass every official test are caught by the traffic and the
+// structural probes.
+func TestEvalBucketingPredictions(t *testing.T) {
+	requireSandbox(t)
+	root := repoRoot(t)
+	out := t.TempDir()
+	code, stdout, stderr := infradev(t, append(storeFlags(t), "eval",
+		"--predictions", filepath.Join(root, "tasks/demo/predictions/bucketing.jsonl"),
+		"--run-id", "bucketing", "--out", out, "--results", "",
+		"--tasks", filepath.Join(root, "tasks"), "--probes", filepath.Join(root, "probes"),
+		"--environments", filepath.Join(root, "environments"))...)
+	if code != 0 {
+		t.Fatalf("eval exit %d\n%s%s", code, stdout, stderr)
+	}
+	var s report.Summary
+	data, _ := os.ReadFile(filepath.Join(out, "bucketing", "report.json"))
+	if err := json.Unmarshal(data, &s); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"sample/gold":            "resolved",
+		"sample/empty":           "not resolved (tests)",
+		"sample/breaks-tests":    "not resolved (tests)",
+		"sample/doubles-traffic": "not resolved (probe: interface, traffic)",
+		"sample/forgets-wiring":  "not resolved (probe: structural)",
+	}
+	for _, m := range s.Models {
+		if got := m.Instances[0].Verdict; got != want[m.Model] {
+			t.Errorf("%s: %q, want %q (%s)", m.Model, got, want[m.Model], m.Instances[0].Reason)
+		}
+	}
+	if len(s.Models) != len(want) {
+		t.Errorf("%d models in the report, want %d", len(s.Models), len(want))
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/runner"
 	"github.com/infradev/infradev/harness/specfile"
+	"github.com/infradev/infradev/harness/suite"
 	"github.com/infradev/infradev/harness/task"
 )
 
@@ -30,7 +31,8 @@ func newValidateCmd(g *globals) *cobra.Command {
 		Use:   "validate [TASK_DIR...]",
 		Short: "Check task specs, then check that gold resolves and the empty patch does not",
 		Long: `Check every task (default: every tasks/<project>/<id>) and its probes against their
-schemas, reporting every problem with file, line and field. Unless --schema-only, also run each
+schemas, reporting every problem with file, line and field, and check that the instruction names
+every interface the probes use that the gold patch provides. Unless --schema-only, also run each
 task's gold patch --runs times (every run must resolve) and the empty patch once (it must fail
 an official test, so the task is not already solved), and print a table per task.
 
@@ -71,6 +73,10 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 				p, err := probe.Load(task.ProbesDir(o.probes, d), t.ID)
 				if err != nil {
 					collect(err)
+					continue
+				}
+				if err := suite.CheckInstruction(t, p); err != nil {
+					errs = append(errs, specfile.FieldError{File: t.File(t.Instruction), Msg: err.Error()})
 					continue
 				}
 				items = append(items, item{t, p})

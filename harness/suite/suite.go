@@ -1,0 +1,93 @@
+// Package suite owns checks that span a task's agent-facing and hidden files together: that
+// the instruction names every interface the probes rely on, so a probe never tests something
+// the agent could not know it had to provide.
+package suite
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+
+	"github.com/infradev/infradev/harness/probe"
+	"github.com/infradev/infradev/harness/task"
+)
+
+var (
+	importRe  = regexp.MustCompile(`(?m)^\s*from\s+[\w.]+\s+import\s+\(?([\w\s,]+)\)?`)
+	callRe    = regexp.MustCompile(`\.(\w+)\s*\(`)
+	nameRe    = regexp.MustCompile(`\b(\w+)\s*\(`)
+	goldDefRe = regexp.MustCompile(`(?m)^\+\s*(?:def|class)\s+(\w+)`)
+	hunkDefRe = regexp.MustCompile(`(?m)^@@[^@]*@@\s*(?:def|class)\s+(\w+)`)
+)
+
+// Interfaces returns the names the probes use (imported, called as functions or methods)
+// that the gold patch defines or changes: the interfaces the task asks the agent to provide.
+func Interfaces(t *task.Task, ps *probe.Set) ([]string, error) {
+	gold, err := os.ReadFile(t.File(t.Gold))
+	if err != nil {
+		return nil, err
+	}
+	changed := map[string]bool{}
+	for _, re := range []*regexp.Regexp{goldDefRe, hunkDefRe} {
+		for _, m := range re.FindAllStringSubmatch(string(gold), -1) {
+			changed[m[1]] = true
+		}
+	}
+	used := map[string]bool{}
+	files := map[string]bool{}
+	for _, p := range ps.Probes {
+		files[strings.SplitN(p.Test, "::", 2)[0]] = true
+	}
+	for f := range files {
+		src, err := os.ReadFile(filepath.Join(ps.Dir, f))
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range importRe.FindAllStringSubmatch(string(src), -1) {
+			for _, n := range strings.Split(m[1], ",") {
+				if n = strings.TrimSpace(strings.Fields(n + " ")[0]); n != "" {
+					used[n] = true
+				}
+			}
+		}
+		for _, re := range []*regexp.Regexp{callRe, nameRe} {
+			for _, m := range re.FindAllStringSubmatch(string(src), -1) {
+				used[m[1]] = true
+			}
+		}
+	}
+	var out []string
+	for n := range used {
+		if changed[n] {
+			out = append(out, n)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// CheckInstruction reports the interfaces the probes use that the task's instruction does not
+// name.
+func CheckInstruction(t *task.Task, ps *probe.Set) error {
+	names, err := Interfaces(t, ps)
+	if err != nil {
+		return err
+	}
+	text, err := os.ReadFile(t.File(t.Instruction))
+	if err != nil {
+		return err
+	}
+	var missing []string
+	for _, n := range names {
+		if !regexp.MustCompile(`\b` + regexp.QuoteMeta(n) + `\b`).Match(text) {
+			missing = append(missing, n)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%s: the probes use %s, which %s does not name", t.ID, strings.Join(missing, ", "), t.Instruction)
+	}
+	return nil
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -135,6 +136,9 @@ func TestRunTaskExitCodesAndJUnit(t *testing.T) {
 			"--patch", c.patch, "--out", out)...)
 		if code != c.code {
 			t.Errorf("run-task %s: exit %d, want %d\n%s%s", filepath.Base(c.patch), code, c.code, stdout, stderr)
+		}
+		if r, err := result.Read(filepath.Join(out, "result.json")); err != nil || !regexp.MustCompile(`^infradev/0\.1\.0\+[0-9a-f]{16}$`).MatchString(r.Inputs.Harness) {
+			t.Errorf("result keyed by harness %q (%v), want the version plus the binary's digest", r.Inputs.Harness, err)
 		}
 		for _, f := range []string{filepath.Join(out, "result.json"), filepath.Join(out, "junit.xml"), xml, filepath.Join(out, "logs", "tests.log")} {
 			if _, err := os.Stat(f); err != nil {

@@ -1,0 +1,1 @@
+"""minirl: rollout, weight sync, advantages and PPO updates for a token policy."""

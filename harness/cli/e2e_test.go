@@ -10,10 +10,15 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
 	"github.com/infradev/infradev/harness/cli"
 	"github.com/infradev/infradev/harness/internal/testenv"
+	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/report"
 	"github.com/infradev/infradev/harness/result"
+	"github.com/infradev/infradev/harness/samples"
 )
 
 func repoRoot(t *testing.T) string { return testenv.RepoRoot(t) }
@@ -157,7 +162,7 @@ func TestValidateDemoTask(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("validate exit %d\n%s%s", code, stdout, stderr)
 	}
-	if !strings.Contains(stdout, "minitron-0001  3/3 resolved  official_tests_failed  ok") {
+	if !regexp.MustCompile(`minitron-0001 +3/3 resolved +official_tests_failed +7/7 as built +ok`).MatchString(stdout) {
 		t.Errorf("validate table:\n%s", stdout)
 	}
 }
@@ -196,5 +201,63 @@ func TestEvalBucketingPredictions(t *testing.T) {
 	}
 	if len(s.Models) != len(want) {
 		t.Errorf("%d models in the report, want %d", len(s.Models), len(want))
+	}
+}
+
+// TestEvalModelFiles: eval over each demo model file reports exactly the figures its picks
+// were built to give (resolution rate, probe rejection rate, failure classes, failed probe
+// categories), derived from models.yaml and each task's samples.yaml rather than written here.
+func TestEvalModelFiles(t *testing.T) {
+	requireSandbox(t)
+	root := repoRoot(t)
+	sources, err := samples.Sources(filepath.Join(root, "tasks"), filepath.Join(root, "probes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	models, picks, err := samples.LoadModels(filepath.Join(root, "tasks/demo/predictions/models.yaml"), sources)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probes := map[string]*probe.Set{}
+	for id, s := range sources {
+		probes[id] = s.Probes
+	}
+	if len(models.Models) < 2 {
+		t.Fatalf("%d model files, want at least 2 to compare", len(models.Models))
+	}
+	for _, m := range models.Models {
+		want := samples.Expect(picks[m.Name], probes)
+		out := t.TempDir()
+		code, stdout, stderr := infradev(t, append(storeFlags(t), "eval",
+			"--predictions", filepath.Join(models.Dir, m.File), "--run-id", "models", "--out", out, "--results", "",
+			"--tasks", filepath.Join(root, "tasks"), "--probes", filepath.Join(root, "probes"),
+			"--environments", filepath.Join(root, "environments"))...)
+		if code != 0 {
+			t.Fatalf("eval %s: exit %d\n%s%s", m.File, code, stdout, stderr)
+		}
+		var s report.Summary
+		data, _ := os.ReadFile(filepath.Join(out, "models", "report.json"))
+		if err := json.Unmarshal(data, &s); err != nil || len(s.Models) != 1 {
+			t.Fatalf("%s: report.json: %v\n%s", m.File, err, data)
+		}
+		got := s.Models[0]
+		if got.ErrorInstances != 0 {
+			t.Errorf("%s: %d instances hit infrastructure errors: %v", m.Name, got.ErrorInstances, got.ErrorIDs)
+		}
+		gotFigures := samples.Expected{Submitted: got.SubmittedInstances, Resolved: got.ResolvedInstances,
+			PassedOfficialTests: got.PassedOfficialTests, ProbeRejected: got.ProbeRejected,
+			FailureClasses: got.FailureClasses, ProbeCategories: got.ProbeCategories}
+		if diff := cmp.Diff(want, gotFigures, cmpopts.EquateEmpty()); diff != "" {
+			for _, in := range got.Instances {
+				t.Logf("%s %s: %s (%s)", m.Name, in.InstanceID, in.Verdict, in.Reason)
+			}
+			t.Errorf("%s: report figures (-built for +reported):\n%s", m.Name, diff)
+		}
+		rate, rejection := float64(want.Resolved)/float64(want.Submitted), float64(want.ProbeRejected)/float64(want.PassedOfficialTests)
+		if got.ResolutionRate != rate || got.ProbeRejectionRate != rejection {
+			t.Errorf("%s: resolution %.3f rejection %.3f, want %.3f %.3f", m.Name, got.ResolutionRate, got.ProbeRejectionRate, rate, rejection)
+		}
+		t.Logf("%s: resolved %d/%d (%.1f%%), probes rejected %d of %d that passed official tests (%.1f%%), categories %v",
+			m.Name, got.ResolvedInstances, got.SubmittedInstances, 100*rate, got.ProbeRejected, got.PassedOfficialTests, 100*rejection, got.ProbeCategories)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"text/tabwriter"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/infradev/infradev/harness/report"
 	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/runner"
+	"github.com/infradev/infradev/harness/samples"
 	"github.com/infradev/infradev/harness/specfile"
 	"github.com/infradev/infradev/harness/suite"
 	"github.com/infradev/infradev/harness/task"
@@ -33,8 +35,11 @@ func newValidateCmd(g *globals) *cobra.Command {
 		Long: `Check every task (default: every tasks/<project>/<id>) and its probes against their
 schemas, reporting every problem with file, line and field, and check that the instruction names
 every interface the probes use that the gold patch provides. Unless --schema-only, also run each
-task's gold patch --runs times (every run must resolve) and the empty patch once (it must fail
-an official test, so the task is not already solved), and print a table per task.
+task's gold patch --runs times (every run must resolve), the empty patch once (it must fail
+an official test, so the task is not already solved) and every sample in samples.yaml beside
+the probes (each must get the verdict, and fail exactly the probes, it was built for), and
+print a table per task. Every probe must be failed by at least one sample: a probe that no
+wrong patch fails has shown no power to tell wrong from right.
 
 Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infrastructure fault.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -47,6 +52,7 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 				for _, d := range found {
 					dirs = append(dirs, d)
 				}
+				sort.Strings(dirs)
 			}
 			if len(dirs) == 0 {
 				return exitf(ExitUsage, "no tasks to validate")
@@ -54,6 +60,7 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 			type item struct {
 				t *task.Task
 				p *probe.Set
+				s *samples.Set
 			}
 			var items []item
 			var errs specfile.Errors
@@ -79,7 +86,17 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 					errs = append(errs, specfile.FieldError{File: t.File(t.Instruction), Msg: err.Error()})
 					continue
 				}
-				items = append(items, item{t, p})
+				ss, err := samples.Load(p.Dir, t.ID, p)
+				if err != nil {
+					collect(err)
+					continue
+				}
+				if un := ss.Uncovered(p); len(un) > 0 {
+					errs = append(errs, specfile.FieldError{File: filepath.Join(p.Dir, samples.File),
+						Msg: fmt.Sprintf("no sample is built to fail probe(s) %s: add a wrong patch each of them catches", strings.Join(un, ", "))})
+					continue
+				}
+				items = append(items, item{t, p, ss})
 			}
 			if err := errs.Err(); err != nil {
 				return err
@@ -94,7 +111,7 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 			}
 			images := map[string]string{}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
-			fmt.Fprintf(tw, "TASK\tGOLD\tEMPTY\tCHECK\n")
+			fmt.Fprintf(tw, "TASK\tGOLD\tEMPTY\tSAMPLES\tCHECK\n")
 			failed := false
 			for _, it := range items {
 				img, ok := images[it.t.Environment]
@@ -161,11 +178,28 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 				if empty.FailureClass != result.OfficialTestsFailed {
 					problems = append(problems, fmt.Sprintf("empty patch must fail an official test, got %q", empty.FailureClass))
 				}
+				asBuilt := 0
+				for _, sm := range it.s.Samples {
+					patch, err := it.s.Read(sm)
+					if err != nil {
+						return err
+					}
+					res, err := run("sample-"+sm.Name, patch, false)
+					if err != nil {
+						return exitf(ExitInfra, "%v", err)
+					}
+					if msg := sm.Check(res); msg != "" {
+						problems = append(problems, "sample "+msg)
+					} else {
+						asBuilt++
+					}
+				}
 				check := "ok"
 				if len(problems) > 0 {
 					check, failed = strings.Join(problems, "; "), true
 				}
-				fmt.Fprintf(tw, "%s\t%d/%d resolved\t%s\t%s\n", it.t.ID, goldOK, o.runs, orDash(empty.FailureClass), check)
+				fmt.Fprintf(tw, "%s\t%d/%d resolved\t%s\t%d/%d as built\t%s\n", it.t.ID, goldOK, o.runs, orDash(empty.FailureClass),
+					asBuilt, len(it.s.Samples), check)
 			}
 			if err := tw.Flush(); err != nil {
 				return err

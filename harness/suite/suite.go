@@ -21,6 +21,13 @@ var (
 	nameRe    = regexp.MustCompile(`\b(\w+)\s*\(`)
 	goldDefRe = regexp.MustCompile(`(?m)^\+\s*(?:def|class)\s+(\w+)`)
 	hunkDefRe = regexp.MustCompile(`(?m)^@@[^@]*@@\s*(?:def|class)\s+(\w+)`)
+	// Attributes the gold patch sets, and keyword parameters of the functions it adds or changes.
+	goldAttrRe  = regexp.MustCompile(`(?m)^\+\s*self\.(\w+)\s*(?::[^=]+)?=[^=]`)
+	goldParamRe = regexp.MustCompile(`(?m)^\+\s*def\s+\w+\s*\(([^)]*)`)
+	paramRe     = regexp.MustCompile(`(\w+)\s*=`)
+	// Attributes the probes read and keyword arguments they pass.
+	attrRe    = regexp.MustCompile(`\.([A-Za-z_]\w*)\b`)
+	keywordRe = regexp.MustCompile(`[(,]\s*(\w+)\s*=[^=]`)
 )
 
 // Interfaces returns the names the probes use (imported, called as functions or methods)
@@ -31,9 +38,14 @@ func Interfaces(t *task.Task, ps *probe.Set) ([]string, error) {
 		return nil, err
 	}
 	changed := map[string]bool{}
-	for _, re := range []*regexp.Regexp{goldDefRe, hunkDefRe} {
+	for _, re := range []*regexp.Regexp{goldDefRe, hunkDefRe, goldAttrRe} {
 		for _, m := range re.FindAllStringSubmatch(string(gold), -1) {
 			changed[m[1]] = true
+		}
+	}
+	for _, m := range goldParamRe.FindAllStringSubmatch(string(gold), -1) {
+		for _, p := range paramRe.FindAllStringSubmatch(m[1], -1) {
+			changed[p[1]] = true
 		}
 	}
 	used := map[string]bool{}
@@ -53,7 +65,7 @@ func Interfaces(t *task.Task, ps *probe.Set) ([]string, error) {
 				}
 			}
 		}
-		for _, re := range []*regexp.Regexp{callRe, nameRe} {
+		for _, re := range []*regexp.Regexp{callRe, nameRe, attrRe, keywordRe} {
 			for _, m := range re.FindAllStringSubmatch(string(src), -1) {
 				used[m[1]] = true
 			}

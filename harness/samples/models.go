@@ -1,0 +1,195 @@
+package samples
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+
+	"github.com/infradev/infradev/harness/predictions"
+	"github.com/infradev/infradev/harness/probe"
+	"github.com/infradev/infradev/harness/result"
+	"github.com/infradev/infradev/harness/specfile"
+	"github.com/infradev/infradev/harness/task"
+)
+
+// ModelsSchema is the schema version of a models file.
+const ModelsSchema = "infradev.models/v1"
+
+// Models is a models file: named prediction files, each picking one submission per task from
+// the tasks' gold patch, the empty patch and their samples, so reports have something to compare
+// whose right answers are known.
+type Models struct {
+	Schema string  `yaml:"schema"`
+	Models []Model `yaml:"models"`
+
+	// Dir is the directory the prediction files are written to.
+	Dir string `yaml:"-"`
+}
+
+// Model is one prediction file.
+type Model struct {
+	// Name is the predictions' model_name_or_path.
+	Name string `yaml:"name"`
+	// File is the JSON Lines file, relative to the models file.
+	File string `yaml:"file"`
+	// Picks maps a task id to "gold", "empty" or one of the task's sample names.
+	Picks map[string]string `yaml:"picks"`
+}
+
+// Source is what a model may pick from for one task.
+type Source struct {
+	Gold    []byte
+	Samples *Set
+	Probes  *probe.Set
+}
+
+// Sources loads every task's gold patch, probes and samples under the two roots, by task id.
+func Sources(tasksRoot, probesRoot string) (map[string]Source, error) {
+	dirs, err := task.Find(tasksRoot)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]Source{}
+	for id, dir := range dirs {
+		t, err := task.Load(dir)
+		if err != nil {
+			return nil, err
+		}
+		ps, err := probe.Load(task.ProbesDir(probesRoot, dir), id)
+		if err != nil {
+			return nil, err
+		}
+		ss, err := Load(ps.Dir, id, ps)
+		if err != nil {
+			return nil, err
+		}
+		gold, err := os.ReadFile(t.File(t.Gold))
+		if err != nil {
+			return nil, fmt.Errorf("task %s: %w", id, err)
+		}
+		out[id] = Source{Gold: gold, Samples: ss, Probes: ps}
+	}
+	return out, nil
+}
+
+// Pick is one resolved choice: the patch and the verdict it was built to get.
+type Pick struct {
+	Task, Name, Want string
+	Patch            []byte
+	FailingProbes    []string
+}
+
+// LoadModels reads a models file and resolves every pick against sources (task id -> Source).
+func LoadModels(file string, sources map[string]Source) (*Models, map[string][]Pick, error) {
+	m := &Models{}
+	doc := specfile.ReadFile(file, m)
+	if !doc.Parsed() {
+		return nil, nil, doc.Errs.Err()
+	}
+	m.Dir = filepath.Dir(file)
+	if m.Schema != ModelsSchema {
+		doc.Errorf("schema", "must be %q, got %q", ModelsSchema, m.Schema)
+	}
+	picks := map[string][]Pick{}
+	files := map[string]bool{}
+	for i, md := range m.Models {
+		at := func(f string) string { return fmt.Sprintf("models[%d].%s", i, f) }
+		if md.Name == "" {
+			doc.Errorf(at("name"), "is required")
+		}
+		if !filepath.IsLocal(md.File) || filepath.Ext(md.File) != ".jsonl" || files[md.File] {
+			doc.Errorf(at("file"), "must be a new .jsonl file beside the models file, got %q", md.File)
+		}
+		files[md.File] = true
+		tasks := make([]string, 0, len(md.Picks))
+		for id := range md.Picks {
+			tasks = append(tasks, id)
+		}
+		sort.Strings(tasks)
+		for _, id := range tasks {
+			name := md.Picks[id]
+			src, ok := sources[id]
+			if !ok {
+				doc.Errorf(at("picks."+id), "%q is not a task", id)
+				continue
+			}
+			p, err := resolve(id, name, src)
+			if err != nil {
+				doc.Errorf(at("picks."+id), "%v", err)
+				continue
+			}
+			picks[md.Name] = append(picks[md.Name], p)
+		}
+	}
+	if err := doc.Errs.Err(); err != nil {
+		return nil, nil, err
+	}
+	return m, picks, nil
+}
+
+func resolve(id, name string, src Source) (Pick, error) {
+	switch name {
+	case "gold":
+		return Pick{Task: id, Name: name, Want: "resolved", Patch: src.Gold}, nil
+	case "empty":
+		return Pick{Task: id, Name: name, Want: result.OfficialTestsFailed}, nil
+	}
+	if src.Samples != nil {
+		for _, sm := range src.Samples.Samples {
+			if sm.Name == name {
+				patch, err := src.Samples.Read(sm)
+				return Pick{Task: id, Name: name, Want: sm.Want, Patch: patch, FailingProbes: sm.FailingProbes}, err
+			}
+		}
+	}
+	return Pick{}, fmt.Errorf("%q is not gold, empty or a sample of %s", name, id)
+}
+
+// Predictions returns a model's picks as predictions, in task order.
+func Predictions(model string, picks []Pick) []predictions.Prediction {
+	out := make([]predictions.Prediction, 0, len(picks))
+	for _, p := range picks {
+		out = append(out, predictions.Prediction{InstanceID: p.Task, Model: model, Patch: string(p.Patch)})
+	}
+	return out
+}
+
+// Expected is what a report must show for a model whose picks get the verdicts they were built
+// to get: the figures the prediction file was made to contain.
+type Expected struct {
+	Submitted, Resolved, PassedOfficialTests, ProbeRejected int
+	FailureClasses, ProbeCategories                         map[string]int
+}
+
+// Expect derives a model's expected report figures from its picks; probes gives each task's
+// probes (for categories).
+func Expect(picks []Pick, probes map[string]*probe.Set) Expected {
+	e := Expected{FailureClasses: map[string]int{}, ProbeCategories: map[string]int{}}
+	for _, p := range picks {
+		e.Submitted++
+		switch p.Want {
+		case "resolved":
+			e.Resolved++
+			e.PassedOfficialTests++
+			continue
+		case result.ProbesFailed:
+			e.PassedOfficialTests++
+			e.ProbeRejected++
+			var cats []string
+			for _, id := range p.FailingProbes {
+				for _, pr := range probes[p.Task].Probes {
+					if pr.ID == id && !slices.Contains(cats, pr.Category) {
+						cats = append(cats, pr.Category)
+					}
+				}
+			}
+			for _, c := range cats {
+				e.ProbeCategories[c]++
+			}
+		}
+		e.FailureClasses[p.Want]++
+	}
+	return e
+}

@@ -177,7 +177,8 @@ func (b *builder) key(parent string, s envspec.Step) (string, error) {
 		return "", err
 	}
 	h := sha256.New()
-	fmt.Fprintf(h, "infradev.step/v1\nparent %s\nstep %s\n", parent, def)
+	// v2: Debian layers are built with a fixed tool environment (toolEnv).
+	fmt.Fprintf(h, "infradev.step/v2\nparent %s\nstep %s\n", parent, def)
 	var src string
 	switch {
 	case s.Git != nil:

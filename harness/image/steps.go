@@ -50,6 +50,20 @@ func (b *builder) step(ctx context.Context, i int, s envspec.Step, tmp string) (
 	return w.Close()
 }
 
+// toolEnv is the environment of the host tools that make layers (mmdebstrap and the package
+// scripts it runs): fixed, so that nothing in the caller's environment changes a layer's bytes
+// (PYTHONDONTWRITEBYTECODE, for one, changes how Debian byte-compiles Python). PATH and HOME
+// say where tools are; proxy settings change where packages come from, not what they are.
+func toolEnv(extra ...string) []string {
+	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "LANG=C.UTF-8"}
+	for _, k := range []string{"http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "TMPDIR"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	return append(env, extra...)
+}
+
 // debian runs mmdebstrap for d plus extra packages; with w set it writes the result as a
 // canonical layer, otherwise it leaves the tarball at tmp/rootfs.tar and returns.
 func (b *builder) debian(ctx context.Context, d *envspec.Debian, extra []string, tmp string, w *layer.Writer) error {
@@ -63,7 +77,7 @@ func (b *builder) debian(ctx context.Context, d *envspec.Debian, extra []string,
 		args = append(args, d.Mirror)
 	}
 	cmd := exec.CommandContext(ctx, "mmdebstrap", args...)
-	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH="+strconv.FormatInt(d.SourceDateEpoch, 10))
+	cmd.Env = toolEnv("SOURCE_DATE_EPOCH=" + strconv.FormatInt(d.SourceDateEpoch, 10))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {

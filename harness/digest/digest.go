@@ -19,8 +19,16 @@ func Bytes(b []byte) string {
 	return "sha256:" + hex.EncodeToString(s[:])
 }
 
-// Tree returns "sha256:<hex>" over the tree at dir, walked in lexical order.
-func Tree(dir string) (string, error) {
+// Tree returns "sha256:<hex>" over the tree at dir, walked in lexical order. Symbolic links
+// are hashed as links (their targets).
+func Tree(dir string) (string, error) { return tree(dir, false) }
+
+// Files is Tree for trees of inputs that may reach their files through symbolic links (Bazel
+// runfiles, for one): a link to a regular file is hashed as that file, so such a tree digests
+// exactly like the files it links.
+func Files(dir string) (string, error) { return tree(dir, true) }
+
+func tree(dir string, follow bool) (string, error) {
 	h := sha256.New()
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -34,6 +42,14 @@ func Tree(dir string) (string, error) {
 		fi, err := d.Info()
 		if err != nil {
 			return err
+		}
+		if follow && fi.Mode()&fs.ModeSymlink != 0 {
+			if fi, err = os.Stat(p); err != nil {
+				return err
+			}
+			if !fi.Mode().IsRegular() {
+				return fmt.Errorf("%s: a link to something other than a file", p)
+			}
 		}
 		switch {
 		case fi.IsDir():

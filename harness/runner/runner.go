@@ -8,6 +8,7 @@ package runner
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -80,9 +81,9 @@ type Runner struct {
 
 // Paths inside the sandbox.
 const (
-	inDir     = "/run/infradev/in"
-	outDir    = "/run/infradev/out"
-	probesDir = "/run/infradev/probes"
+	inDir       = "/run/infradev/in"
+	outDir      = "/run/infradev/out"
+	probesMount = "/run/infradev/probes"
 )
 
 // Run runs one attempt and writes result.json, junit files and logs under out. Faults of the
@@ -165,11 +166,11 @@ func (r *Runner) hardware() string {
 // Digests computes the content digests that identify an attempt's inputs: the key under
 // which its result may be reused.
 func (r *Runner) Digests(in Inputs) (result.Inputs, error) {
-	td, err := digest.Tree(in.Task.Dir)
+	td, err := digest.Files(in.Task.Dir)
 	if err != nil {
 		return result.Inputs{}, err
 	}
-	pd, err := digest.Tree(in.Probes.Dir)
+	pd, err := digest.Files(in.Probes.Dir)
 	if err != nil {
 		return result.Inputs{}, err
 	}
@@ -250,6 +251,12 @@ func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result
 	if err := r.stage(in, staging); err != nil {
 		return err
 	}
+	// The probes are mounted from a copy: the given directory may reach its files through
+	// links the sandbox cannot follow (Bazel runfiles), and the copy cannot change mid-attempt.
+	probes := filepath.Join(work, "probes")
+	if err := copyFiles(in.Probes.Dir, probes); err != nil {
+		return fmt.Errorf("staging probes: %w", err)
+	}
 	ov, err := sandbox.MountOverlay(stack, filepath.Join(work, "root"), t.Resources.DiskBytes)
 	if err != nil {
 		return err
@@ -307,15 +314,15 @@ func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result
 
 	// Phase 3: probes, mounted read-only apart from the repository. Budgeted probes run one
 	// by one, so each one's figures are its own.
-	probes, err := r.probes(ctx, in, out, base, staging)
+	probesPhase, err := r.probes(ctx, in, out, base, staging, probes)
 	if err != nil {
 		return err
 	}
-	res.Phases = append(res.Phases, probes)
+	res.Phases = append(res.Phases, probesPhase)
 	return nil
 }
 
-func (r *Runner) probes(ctx context.Context, in Inputs, out string, base sandbox.Spec, staging string) (result.Phase, error) {
+func (r *Runner) probes(ctx context.Context, in Inputs, out string, base sandbox.Spec, staging, probesDir string) (result.Phase, error) {
 	t := in.Task
 	var plain []string
 	infos := map[string]grade.ProbeInfo{}
@@ -327,14 +334,14 @@ func (r *Runner) probes(ctx context.Context, in Inputs, out string, base sandbox
 	}
 	phase := result.Phase{Name: "probes", Status: result.StatusPassed}
 	if len(plain) > 0 {
-		raw, err := r.phase(ctx, out, "probes", base, staging, in.Probes.Dir, pytest(plain, probesDir), t.Timeouts.ProbesD, in.GPUs)
+		raw, err := r.phase(ctx, out, "probes", base, staging, probesDir, pytest(plain, probesMount), t.Timeouts.ProbesD, in.GPUs)
 		if err != nil {
 			return phase, err
 		}
 		phase = grade.Tests("probes", raw, grade.Expected{IDs: plain, Probes: infos})
 	}
 	for _, p := range in.Probes.Budgeted() {
-		raw, err := r.phase(ctx, out, "probe-"+p.ID, base, staging, in.Probes.Dir, pytest([]string{p.Test}, probesDir), t.Timeouts.ProbesD, in.GPUs)
+		raw, err := r.phase(ctx, out, "probe-"+p.ID, base, staging, probesDir, pytest([]string{p.Test}, probesMount), t.Timeouts.ProbesD, in.GPUs)
 		if err != nil {
 			return phase, err
 		}
@@ -405,7 +412,7 @@ func (r *Runner) phase(ctx context.Context, out, name string, spec sandbox.Spec,
 		sandbox.Mount{Source: staging, Dest: inDir, ReadOnly: true},
 		sandbox.Mount{Source: outHost, Dest: outDir})
 	if probes != "" {
-		spec.Mounts = append(spec.Mounts, sandbox.Mount{Source: probes, Dest: probesDir, ReadOnly: true})
+		spec.Mounts = append(spec.Mounts, sandbox.Mount{Source: probes, Dest: probesMount, ReadOnly: true})
 	}
 	var sampler *gpu.Sampler
 	var watch *gpu.Watch
@@ -569,3 +576,29 @@ done || exit %[3]d
 }
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// copyFiles copies the tree at src to dst, reading links to files as the files they point to.
+func copyFiles(src, dst string) error {
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		target := filepath.Join(dst, rel)
+		if d.IsDir() {
+			return os.MkdirAll(target, 0o755)
+		}
+		fi, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		if !fi.Mode().IsRegular() {
+			return fmt.Errorf("%s: not a file", p)
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(target, data, fi.Mode().Perm())
+	})
+}

@@ -48,9 +48,10 @@ run directly in the same root filesystem (chroot: no sandbox, no patch checks, n
 			if err != nil {
 				return err
 			}
+			results := filepath.Join(work, "results")
 			cfg := eval.Config{Predictions: []string{preds}, TasksRoot: "tasks", ProbesRoot: "probes", EnvsRoot: "environments",
 				Store: g.imageStore(), Out: filepath.Join(work, "runs"), Runner: r,
-				Results:  resultstore.Store{Dir: filepath.Join(work, "results")},
+				Results:  resultstore.Store{Dir: results},
 				Capacity: schedule.Capacity{CPUs: 64, MemoryBytes: totalMemory()}, Jobs: 1}
 			timed := func(runID string) (time.Duration, int, error) {
 				c := cfg
@@ -64,7 +65,7 @@ run directly in the same root filesystem (chroot: no sandbox, no patch checks, n
 				return exitf(ExitInfra, "%v", err)
 			}
 			os.RemoveAll(cfg.Out)
-			os.RemoveAll(cfg.Results.Dir)
+			os.RemoveAll(results)
 			cold, n, err := timed("bench")
 			if err != nil {
 				return exitf(ExitInfra, "%v", err)

@@ -80,7 +80,7 @@ Exit codes: 0 the evaluation completed (whatever the verdicts); 2 bad usage or i
 				Predictions: o.preds, RunID: o.runID,
 				TasksRoot: o.tasks, ProbesRoot: o.probes, EnvsRoot: o.envs,
 				Store: g.imageStore(), Out: o.out, Runner: r,
-				Results:  resultstore.Store{Dir: o.results},
+				Results:  resultstore.Open(o.results),
 				Capacity: capacity, Jobs: o.jobs,
 				Select:        selector(o.match, o.label),
 				PromptVariant: o.prompt,
@@ -119,7 +119,7 @@ Exit codes: 0 the evaluation completed (whatever the verdicts); 2 bad usage or i
 	f.StringVar(&o.probes, "probes", "probes", "probes root (probes/<project>/<id>)")
 	f.StringVar(&o.envs, "environments", "environments", "environments root")
 	f.StringVar(&o.out, "out", "runs", "results root")
-	f.StringVar(&o.results, "results", ".infradev/results", "content-addressed results store (empty: none)")
+	f.StringVar(&o.results, "results", ".infradev/results", "content-addressed results store: a directory, or the http(s) URL of a Bazel HTTP remote cache shared with bazel test (empty: none)")
 	f.StringVar(&o.match, "match", "", "evaluate only tasks whose directory matches this glob (e.g. 'tasks/demo/minitron-*')")
 	f.StringVar(&o.label, "label", "", "evaluate only tasks carrying this label")
 	f.StringVar(&o.prompt, "prompt-variant", "instruction", "the prompt the predictions were made from (instruction or pr_description), for the report")

@@ -38,8 +38,8 @@ type Config struct {
 	Out string
 	// Runner runs attempts (e.g. a runner.Retry around a runner.Runner).
 	Runner runner.Attempter
-	// Results is the content-addressed results store; the zero value disables it.
-	Results resultstore.Store
+	// Results is the content-addressed results store; nil disables it.
+	Results resultstore.Backend
 	// Capacity is what attempts are packed onto; Jobs caps how many run at once (0: no cap).
 	Capacity schedule.Capacity
 	Jobs     int
@@ -122,7 +122,7 @@ func Run(ctx context.Context, c Config) ([]*result.Result, error) {
 			s.settle(it, prev, "resumed")
 			continue
 		}
-		if _, ok := c.Results.Get(it.key); ok {
+		if stored(c.Results, it.key) {
 			r, err := c.Results.CopyOut(it.key, it.dir, it.pred.Model, it.pred.InstanceID)
 			if err != nil {
 				return nil, err
@@ -230,7 +230,7 @@ func (s *session) attempt(ctx context.Context, group []*item, l schedule.Lease) 
 	s.ran++
 	s.attemptTime += time.Since(start)
 	s.mu.Unlock()
-	if r.FailureClass != result.InfraError {
+	if r.FailureClass != result.InfraError && s.c.Results != nil {
 		if err := s.c.Results.Put(first.key, first.dir); err != nil {
 			return err
 		}
@@ -238,7 +238,7 @@ func (s *session) attempt(ctx context.Context, group []*item, l schedule.Lease) 
 	s.settle(first, r, "ran")
 	for _, it := range group[1:] {
 		var shared *result.Result
-		if s.c.Results.Dir != "" && r.FailureClass != result.InfraError {
+		if s.c.Results != nil && r.FailureClass != result.InfraError {
 			shared, err = s.c.Results.CopyOut(first.key, it.dir, it.pred.Model, it.pred.InstanceID)
 		} else {
 			shared, err = copyResult(first.dir, it.dir, it.pred.Model, it.pred.InstanceID)
@@ -367,4 +367,12 @@ func Load(runDir string) ([]*result.Result, error) {
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+func stored(b resultstore.Backend, key string) bool {
+	if b == nil {
+		return false
+	}
+	_, ok := b.Get(key)
+	return ok
 }

@@ -140,12 +140,21 @@ func Read(path string) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	var r Result
-	if err := json.Unmarshal(data, &r); err != nil {
+	r, err := Parse(data)
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
+	return r, nil
+}
+
+// Parse decodes a result.json's bytes and checks its schema version.
+func Parse(data []byte) (*Result, error) {
+	var r Result
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, err
+	}
 	if r.Schema != Schema {
-		return nil, fmt.Errorf("%s: schema %q, want %q", path, r.Schema, Schema)
+		return nil, fmt.Errorf("schema %q, want %q", r.Schema, Schema)
 	}
 	return &r, nil
 }

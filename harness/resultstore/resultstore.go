@@ -1,7 +1,8 @@
-// Package resultstore owns the content-addressed store of attempt results: one folder per key,
+// Package resultstore owns the content-addressed store of attempt results: one entry per key,
 // the digest of everything that can change a verdict (task, environment, probes, patch,
 // harness, hardware). A key is never a run id, so identical submissions, from any model or
-// run, are graded once. Entries appear whole or not at all.
+// run, are graded once. Entries appear whole or not at all. Two backends: a directory
+// (Store) and a Bazel HTTP remote cache shared with Bazel (HTTP).
 package resultstore
 
 import (
@@ -13,9 +14,32 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/infradev/infradev/harness/result"
 )
+
+// Backend stores run folders by key.
+type Backend interface {
+	// Get returns the stored result for key, if any.
+	Get(key string) (*result.Result, bool)
+	// Put stores the run folder src under key, keeping an existing entry.
+	Put(key, src string) error
+	// CopyOut writes the entry for key to dst as the result of (model, instance).
+	CopyOut(key, dst, model, instance string) (*result.Result, error)
+}
+
+// Open returns the backend a --results value names: "" none (nil), an http:// or https://
+// URL a Bazel HTTP remote cache, anything else a directory.
+func Open(spec string) Backend {
+	switch {
+	case spec == "":
+		return nil
+	case strings.HasPrefix(spec, "http://") || strings.HasPrefix(spec, "https://"):
+		return HTTP{URL: spec}
+	}
+	return Store{Dir: spec}
+}
 
 // Store is a directory of results by key.
 type Store struct{ Dir string }
@@ -75,6 +99,11 @@ func (s Store) CopyOut(key, dst, model, instance string) (*result.Result, error)
 	if err := copyTree(src, tmp); err != nil {
 		return nil, err
 	}
+	return finishCopy(tmp, dst, model, instance)
+}
+
+// finishCopy records (model, instance) in the copied folder tmp and renames it to dst.
+func finishCopy(tmp, dst, model, instance string) (*result.Result, error) {
 	r, err := result.Read(filepath.Join(tmp, "result.json"))
 	if err != nil {
 		return nil, err

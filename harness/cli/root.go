@@ -133,7 +133,7 @@ Exit codes: 0 success (run-task: resolved); 1 not resolved or a check failed;
 		"image store: the OCI layout and step cache (env INFRADEV_STORE)")
 	root.PersistentFlags().StringVar(&g.cache, "cache", envOr("INFRADEV_CACHE", ".infradev/cache"),
 		"local cache: unpacked layers, sandbox state and scratch (env INFRADEV_CACHE)")
-	root.AddCommand(newEnvCmd(g), newRunTaskCmd(g), newEvalCmd(g), newValidateCmd(g), newBenchCmd(g), newReportCmd(), newGPUsCmd(g), newSamplesCmd())
+	root.AddCommand(newEnvCmd(g), newRunTaskCmd(g), newEvalCmd(g), newValidateCmd(g), newBenchCmd(g), newReportCmd(), newGPUsCmd(g), newSamplesCmd(), newGenCmd())
 	return root
 }
 

@@ -1,0 +1,57 @@
+"""infradev_env_image: an environment's OCI image layout, built by `infradev env build --locked`."""
+
+def _env_image_impl(ctx):
+    layout = ctx.actions.declare_directory(ctx.label.name + ".oci")
+    digest = ctx.actions.declare_file(ctx.label.name + ".digest")
+    ctx.actions.run_shell(
+        inputs = ctx.files.srcs + [ctx.file.spec, ctx.file.lock],
+        tools = [ctx.executable._infradev],
+        outputs = [layout, digest],
+        # The store is scratch: only the layout and the manifest digest leave the action.
+        command = """set -euo pipefail
+store=$(mktemp -d)
+trap 'rm -rf "$store"' EXIT
+"$1" --store "$store/store" --cache "$store/cache" env build --locked --json "$2" > "$store/build.json"
+sed -n 's/^  "manifest": "\\(sha256:[0-9a-f]\\{64\\}\\)",$/\\1/p' "$store/build.json" > "$4"
+test -s "$4" || { echo "no manifest digest in env build output" >&2; exit 1; }
+cp -R "$store/store/oci/." "$3"
+""",
+        arguments = [ctx.executable._infradev.path, ctx.file.spec.dirname, layout.path, digest.path],
+        mnemonic = "InfradevEnvImage",
+        progress_message = "Building environment image %s" % ctx.label,
+        # The Debian and apt layers come from a pinned mirror (env.lock pins their bytes), and
+        # building root file systems needs the host's mmdebstrap and root: no sandbox.
+        execution_requirements = {"no-sandbox": "1", "requires-network": "1"},
+        use_default_shell_env = True,
+    )
+    return [
+        DefaultInfo(files = depset([layout, digest]), runfiles = ctx.runfiles(files = [layout, digest])),
+        OutputGroupInfo(layout = depset([layout]), digest = depset([digest])),
+    ]
+
+_env_image = rule(
+    implementation = _env_image_impl,
+    doc = "Builds an environment's OCI image layout; outputs NAME.oci/ and NAME.digest.",
+    attrs = {
+        "spec": attr.label(doc = "The environment's env.yaml.", allow_single_file = ["env.yaml"], mandatory = True),
+        "lock": attr.label(doc = "The environment's env.lock: the build fails unless it reproduces it.", allow_single_file = ["env.lock"], mandatory = True),
+        "srcs": attr.label_list(doc = "Every file the environment's steps read (git sources, copied files).", allow_files = True),
+        "_infradev": attr.label(doc = "The InfraDev CLI.", default = "@infradev_tool//:infradev", executable = True, cfg = "exec", allow_single_file = True),
+    },
+)
+
+def infradev_env_image(name, spec = "env.yaml", lock = "env.lock", srcs = [], **kwargs):
+    """An environment image target: the OCI layout of `spec`, held to `lock`.
+
+    Args:
+      name: target name; by convention the environment's name.
+      spec: the env.yaml file.
+      lock: the env.lock file; required, so every image Bazel builds is pinned.
+      srcs: files the steps read (sources of git and copy steps).
+      **kwargs: common attributes (visibility, tags).
+    """
+    if not name:
+        fail("infradev_env_image: name is required")
+    if spec in srcs or lock in srcs:
+        fail("infradev_env_image(%s): spec and lock are given apart; leave them out of srcs" % name)
+    _env_image(name = name, spec = spec, lock = lock, srcs = srcs, **kwargs)

@@ -1,0 +1,106 @@
+"""infradev_task_test: a task as a test target whose action is `infradev run-task`."""
+
+_RUNNER = """#!/usr/bin/env bash
+# Runs one submission on one task: `infradev run-task`, nothing else. Exit 0: resolved.
+set -euo pipefail
+out="${{TEST_UNDECLARED_OUTPUTS_DIR:-$TEST_TMPDIR}}/run"
+exec "{infradev}" --cache "${{INFRADEV_CACHE:-$TEST_TMPDIR/cache}}" run-task \\
+  --task "{task}" --probes "{probes}" --layout "{layout}" --image "$(cat "{digest}")" \\
+  --patch "{patch}" --out "$out" --model "${{INFRADEV_MODEL:-bazel}}"
+"""
+
+def _runfile(f):
+    # Tests start in the main repository's runfiles directory, where a file's short path
+    # resolves (external repositories' files as ../<repo>/...).
+    return f.short_path
+
+def _dir(f):
+    return f.short_path.rsplit("/", 1)[0]
+
+def _task_test_impl(ctx):
+    spec = ctx.file.spec
+    probes = [f for f in ctx.files.probes if f.basename == "probes.yaml"]
+    if len(probes) != 1:
+        fail("%s: probes must hold exactly one probes.yaml, got %d" % (ctx.label, len(probes)))
+    image = ctx.files.environment
+    layout = [f for f in image if f.is_directory]
+    digest = [f for f in image if f.basename.endswith(".digest")]
+    if len(layout) != 1 or len(digest) != 1:
+        fail("%s: environment must be an infradev_env_image" % ctx.label)
+    script = ctx.actions.declare_file(ctx.label.name + ".sh")
+    ctx.actions.write(script, _RUNNER.format(
+        infradev = _runfile(ctx.executable._infradev),
+        task = _dir(spec),
+        probes = _dir(probes[0]),
+        layout = _runfile(layout[0]),
+        digest = _runfile(digest[0]),
+        patch = _runfile(ctx.file.submission),
+    ), is_executable = True)
+    files = [spec, ctx.file.submission, ctx.executable._infradev] + ctx.files.srcs + ctx.files.probes + image
+    return [DefaultInfo(executable = script, runfiles = ctx.runfiles(files = files))]
+
+_task_test = rule(
+    implementation = _task_test_impl,
+    test = True,
+    doc = "Runs `infradev run-task` on one task and one submission; passes when resolved.",
+    attrs = {
+        "spec": attr.label(doc = "The task's task.yaml.", allow_single_file = ["task.yaml"], mandatory = True),
+        "srcs": attr.label_list(doc = "The task's other files: instruction, PR description, gold and tests patches.", allow_files = True),
+        "probes": attr.label(doc = "The task's probes: a filegroup holding probes.yaml and the probe files.", allow_files = True, mandatory = True),
+        "environment": attr.label(doc = "The task's environment: an infradev_env_image target.", mandatory = True),
+        "submission": attr.label(doc = "The patch to score (a unified diff; may be empty).", allow_single_file = True, mandatory = True),
+        "_infradev": attr.label(doc = "The InfraDev CLI.", default = "@infradev_tool//:infradev", executable = True, cfg = "exec", allow_single_file = True),
+    },
+)
+
+# Bazel's timeout classes, in seconds.
+_TIMEOUTS = [("short", 60), ("moderate", 300), ("long", 900), ("eternal", 3600)]
+
+def infradev_task_test(name, spec, probes, environment, submission, srcs = [], gpus = 0, cpus = 1, memory = "", timeout_seconds = 0, tags = [], **kwargs):
+    """A task as a test target.
+
+    Args:
+      name: the task id.
+      spec: the task.yaml.
+      probes: filegroup of the task's probes directory.
+      environment: the infradev_env_image the task runs in.
+      submission: the patch file to score (e.g. @infradev_predictions//:ID.patch).
+      srcs: the task's other agent-facing files.
+      gpus: GPUs the task needs; sets the `resources:gpu:N` tag (Bazel 7+ schedules it against
+        --local_extra_resources=gpu=N) and the `gpu` execution property for remote pools.
+      cpus: CPUs the task's sandbox gets; the `cpu:N` tag reserves them locally.
+      memory: the task's memory limit, passed to remote pools as an execution property.
+      timeout_seconds: the task's own timeouts summed; picks Bazel's timeout class.
+      tags: extra tags.
+      **kwargs: common test attributes (visibility, flaky, ...).
+    """
+    if gpus < 0 or cpus < 1:
+        fail("infradev_task_test(%s): gpus must be >= 0 and cpus >= 1" % name)
+    if "timeout" in kwargs or "size" in kwargs:
+        fail("infradev_task_test(%s): the timeout comes from the task's timeouts (timeout_seconds)" % name)
+    timeout = "eternal"
+    for cls, secs in _TIMEOUTS:
+        if timeout_seconds <= secs:
+            timeout = cls
+            break
+    exec_properties = {"cpus": str(cpus), "gpus": str(gpus), "Pool": "gpu" if gpus else "cpu"}
+    if memory:
+        exec_properties["memory"] = memory
+
+    # Attempts run in runc over overlayfs, which Bazel's own sandbox cannot nest: no-sandbox
+    # keeps them cacheable (unlike `local`). Remote executors must run them privileged.
+    all_tags = ["infradev", "no-sandbox", "cpu:%d" % cpus] + tags
+    if gpus:
+        all_tags += ["gpu", "resources:gpu:%d" % gpus]
+    _task_test(
+        name = name,
+        spec = spec,
+        srcs = srcs,
+        probes = probes,
+        environment = environment,
+        submission = submission,
+        timeout = timeout,
+        tags = all_tags,
+        exec_properties = exec_properties,
+        **kwargs
+    )

@@ -21,14 +21,15 @@ func Bytes(b []byte) string {
 
 // Tree returns "sha256:<hex>" over the tree at dir, walked in lexical order. Symbolic links
 // are hashed as links (their targets).
-func Tree(dir string) (string, error) { return tree(dir, false) }
+func Tree(dir string) (string, error) { return tree(dir, false, nil) }
 
 // Files is Tree for trees of inputs that may reach their files through symbolic links (Bazel
 // runfiles, for one): a link to a regular file is hashed as that file, so such a tree digests
-// exactly like the files it links.
-func Files(dir string) (string, error) { return tree(dir, true) }
+// exactly like the files it links. Paths (slash-separated, relative to dir) for which skip
+// returns true are left out, directories with all they hold; skip may be nil.
+func Files(dir string, skip func(rel string) bool) (string, error) { return tree(dir, true, skip) }
 
-func tree(dir string, follow bool) (string, error) {
+func tree(dir string, follow bool, skip func(string) bool) (string, error) {
 	h := sha256.New()
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -39,6 +40,12 @@ func tree(dir string, follow bool) (string, error) {
 			return err
 		}
 		rel = filepath.ToSlash(rel)
+		if skip != nil && rel != "." && skip(rel) {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
 		fi, err := d.Info()
 		if err != nil {
 			return err

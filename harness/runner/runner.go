@@ -166,15 +166,24 @@ func (r *Runner) hardware() string {
 // Digests computes the content digests that identify an attempt's inputs: the key under
 // which its result may be reused.
 func (r *Runner) Digests(in Inputs) (result.Inputs, error) {
-	td, err := digest.Files(in.Task.Dir)
+	td, err := digest.Files(in.Task.Dir, notAnInput)
 	if err != nil {
 		return result.Inputs{}, err
 	}
-	pd, err := digest.Files(in.Probes.Dir)
+	pd, err := digest.Files(in.Probes.Dir, notAnInput)
 	if err != nil {
 		return result.Inputs{}, err
 	}
 	return result.Inputs{Task: td, Environment: in.Image, Probes: pd, Patch: digest.Bytes(in.Patch), Harness: r.Harness, Hardware: r.hardware()}, nil
+}
+
+// notAnInput tells the files in task and probe directories that no attempt reads: Bazel's BUILD
+// files, the samples that check the task itself, Python's byte-code caches. Leaving them out of
+// the digests keys a result the same whether the task comes from a checkout or from Bazel's
+// runfiles (which hold only the declared inputs), so eval and bazel test share results.
+func notAnInput(rel string) bool {
+	base := path.Base(rel)
+	return base == "BUILD.bazel" || base == "BUILD" || base == "__pycache__" || rel == "samples.yaml" || rel == "samples"
 }
 
 // Leases is where GPU leases are taken: a runtime directory of lock files and the machine.
@@ -251,10 +260,11 @@ func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result
 	if err := r.stage(in, staging); err != nil {
 		return err
 	}
-	// The probes are mounted from a copy: the given directory may reach its files through
-	// links the sandbox cannot follow (Bazel runfiles), and the copy cannot change mid-attempt.
+	// The probes are mounted from a copy of exactly what their digest covers: the given
+	// directory may reach its files through links the sandbox cannot follow (Bazel runfiles),
+	// and the copy cannot change mid-attempt.
 	probes := filepath.Join(work, "probes")
-	if err := copyFiles(in.Probes.Dir, probes); err != nil {
+	if err := copyFiles(in.Probes.Dir, probes, notAnInput); err != nil {
 		return fmt.Errorf("staging probes: %w", err)
 	}
 	ov, err := sandbox.MountOverlay(stack, filepath.Join(work, "root"), t.Resources.DiskBytes)
@@ -577,13 +587,20 @@ done || exit %[3]d
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
-// copyFiles copies the tree at src to dst, reading links to files as the files they point to.
-func copyFiles(src, dst string) error {
+// copyFiles copies the tree at src to dst, reading links to files as the files they point to
+// and leaving out what skip names: exactly what digest.Files hashes.
+func copyFiles(src, dst string, skip func(rel string) bool) error {
 	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		rel, _ := filepath.Rel(src, p)
+		if rel != "." && skip(filepath.ToSlash(rel)) {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
 		target := filepath.Join(dst, rel)
 		if d.IsDir() {
 			return os.MkdirAll(target, 0o755)

@@ -14,12 +14,14 @@ def _tool_impl(rctx):
         fail("infradev_tool: no `go` on PATH; install Go (see README) or put it on PATH")
     env = {
         # Offline: modules come from the module cache that `go mod download` filled.
-        "GOFLAGS": "-mod=readonly",
         "GOPROXY": "off",
         "CGO_CFLAGS": "-O2 -g -Wno-deprecated-declarations",
     }
+
+    # Built as tools/demo builds it, so the binary (whose digest keys every result) is the same
+    # one, and `bazel test` and `infradev eval` share results.
     res = rctx.execute(
-        [go, "build", "-trimpath", "-o", str(rctx.path("infradev")), "./harness/cmd/infradev"],
+        [go, "build", "-trimpath", "-buildvcs=false", "-o", str(rctx.path("infradev")), "./harness/cmd/infradev"],
         working_directory = str(root),
         environment = env,
         timeout = 1200,

@@ -2,11 +2,25 @@
 
 _RUNNER = """#!/usr/bin/env bash
 # Runs one submission on one task: `infradev run-task`, nothing else. Exit 0: resolved.
+# INFRADEV_RESULTS (--test_env) names a results store shared with `infradev eval`.
 set -euo pipefail
+# The task and its probes, exactly their declared files: the runfiles tree also holds this
+# script, which must not count as task input (results are keyed by the inputs' digests).
+stage() {{ # stage DIR DEST FILE...: copy FILEs (relative to DIR), following links
+  local dir=$1 dest=$2
+  shift 2
+  for f in "$@"; do
+    mkdir -p "$dest/$(dirname "$f")"
+    cp -L "$dir/$f" "$dest/$f"
+  done
+}}
+stage "{task}" "$TEST_TMPDIR/task" {task_files}
+stage "{probes}" "$TEST_TMPDIR/probes" {probe_files}
 out="${{TEST_UNDECLARED_OUTPUTS_DIR:-$TEST_TMPDIR}}/run"
 exec "{infradev}" --cache "${{INFRADEV_CACHE:-$TEST_TMPDIR/cache}}" run-task \\
-  --task "{task}" --probes "{probes}" --layout "{layout}" --image "$(cat "{digest}")" \\
-  --patch "{patch}" --out "$out" --model "${{INFRADEV_MODEL:-bazel}}"
+  --task "$TEST_TMPDIR/task" --probes "$TEST_TMPDIR/probes" --layout "{layout}" --image "$(cat "{digest}")" \\
+  --patch "{patch}" --out "$out" --model "${{INFRADEV_MODEL:-bazel}}" \\
+  --results "${{INFRADEV_RESULTS:-}}"
 """
 
 def _runfile(f):
@@ -16,6 +30,17 @@ def _runfile(f):
 
 def _dir(f):
     return f.short_path.rsplit("/", 1)[0]
+
+def _quote(s):
+    return "'" + s.replace("'", "'\\''") + "'"
+
+def _relative(files, dir, what):
+    out = []
+    for f in files:
+        if not f.short_path.startswith(dir + "/"):
+            fail("%s %s is outside %s" % (what, f.short_path, dir))
+        out.append(_quote(f.short_path[len(dir) + 1:]))
+    return " ".join(out)
 
 def _task_test_impl(ctx):
     spec = ctx.file.spec
@@ -31,7 +56,9 @@ def _task_test_impl(ctx):
     ctx.actions.write(script, _RUNNER.format(
         infradev = _runfile(ctx.executable._infradev),
         task = _dir(spec),
+        task_files = _relative([spec] + ctx.files.srcs, _dir(spec), "task file"),
         probes = _dir(probes[0]),
+        probe_files = _relative(ctx.files.probes, _dir(probes[0]), "probe file"),
         layout = _runfile(layout[0]),
         digest = _runfile(digest[0]),
         patch = _runfile(ctx.file.submission),

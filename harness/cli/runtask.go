@@ -13,14 +13,15 @@ import (
 	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/report"
 	"github.com/infradev/infradev/harness/result"
+	"github.com/infradev/infradev/harness/resultstore"
 	"github.com/infradev/infradev/harness/runner"
 	"github.com/infradev/infradev/harness/task"
 )
 
 func newRunTaskCmd(g *globals) *cobra.Command {
 	var o struct {
-		task, probes, layout, image, patch, out, instance, model string
-		asJSON                                                   bool
+		task, probes, layout, image, patch, out, instance, model, results string
+		asJSON                                                            bool
 	}
 	cmd := &cobra.Command{
 		Use:   "run-task",
@@ -28,7 +29,9 @@ func newRunTaskCmd(g *globals) *cobra.Command {
 		Long: `Run one attempt: apply the patch inside the task's environment, put the official tests
 in place, run them, run the probes, and grade. Every input is a file. The run folder (--out)
 receives result.json, junit.xml, raw JUnit reports and logs; junit.xml is also written to
-$XML_OUTPUT_FILE when that is set (as under bazel test).
+$XML_OUTPUT_FILE when that is set (as under bazel test). With --results (a directory, or the
+URL of a Bazel HTTP remote cache), an attempt whose inputs already have a stored result is not
+run again, and a new result is stored: the same store infradev eval uses.
 
 Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec; 3 infrastructure fault.`,
 		Args: cobra.NoArgs,
@@ -53,6 +56,7 @@ Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec; 3 infrastructure fa
 			if err != nil {
 				return err
 			}
+			r = resultstore.Cached{Attempter: r, Store: resultstore.Open(o.results), Log: cmd.ErrOrStderr()}
 			res, err := r.Run(cmd.Context(), runner.Inputs{Task: t, Probes: ps, Layout: layout, Image: o.image,
 				Patch: patch, InstanceID: o.instance, Model: o.model}, o.out)
 			if err != nil {
@@ -102,6 +106,7 @@ Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec; 3 infrastructure fa
 	f.StringVar(&o.instance, "instance-id", "", "instance id to record (default: the task id)")
 	f.StringVar(&o.model, "model", "", "model name to record")
 	f.BoolVar(&o.asJSON, "json", false, "print result.json instead of the verdict line")
+	f.StringVar(&o.results, "results", os.Getenv("INFRADEV_RESULTS"), "results store to reuse and fill: a directory or a Bazel HTTP cache URL (env INFRADEV_RESULTS; empty: none)")
 	for _, name := range []string{"task", "probes", "layout", "image", "patch", "out"} {
 		_ = cmd.MarkFlagRequired(name)
 	}

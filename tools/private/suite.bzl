@@ -18,4 +18,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:2fec6dba2b4036ca2afd660466c77b53ec855e54c5cbbbf14ba11737e37bb0ac"
+HARNESS_DIGEST = "sha256:d0cb8b09a7658537b53f5820dc8082587ffe476cfc5d10db2a398f7207232481"

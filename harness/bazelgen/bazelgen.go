@@ -176,12 +176,12 @@ func HarnessDigest(root string) (string, error) {
 }
 
 // Stale returns the generated files whose checked-in copy under root is missing or differs.
-func Stale(root string, files []File) []string {
-	var out []string
+func Stale(root string, files []File) []File {
+	var out []File
 	for _, f := range files {
 		old, err := os.ReadFile(filepath.Join(root, f.Path))
 		if err != nil || !bytes.Equal(old, f.Data) {
-			out = append(out, f.Path)
+			out = append(out, f)
 		}
 	}
 	return out

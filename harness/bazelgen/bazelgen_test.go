@@ -18,8 +18,8 @@ func TestCheckedInFilesAreCurrent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if stale := bazelgen.Stale(root, files); len(stale) > 0 {
-		t.Errorf("stale generated files (run infradev gen): %v", stale)
+	for _, f := range bazelgen.Stale(root, files) {
+		t.Errorf("stale generated file (run infradev gen): %s", f.Path)
 	}
 }
 
@@ -70,14 +70,14 @@ func TestGenerateFollowsTheSpec(t *testing.T) {
 		os.WriteFile(filepath.Join(work, f.Path), f.Data, 0o644)
 	}
 	if stale := bazelgen.Stale(work, files); len(stale) != 0 {
-		t.Fatalf("just written, yet stale: %v", stale)
+		t.Fatalf("just written, yet stale: %s", stale[0].Path)
 	}
 	os.WriteFile(filepath.Join(work, "harness/digest/extra.go"), []byte("package digest\n"), 0o644)
 	again, err := bazelgen.Generate(work)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if stale := bazelgen.Stale(work, again); len(stale) != 1 || stale[0] != "tools/private/suite.bzl" {
-		t.Errorf("after a harness change, stale = %v, want only tools/private/suite.bzl", stale)
+	if stale := bazelgen.Stale(work, again); len(stale) != 1 || stale[0].Path != "tools/private/suite.bzl" {
+		t.Errorf("after a harness change, %d stale files, want only tools/private/suite.bzl", len(stale))
 	}
 }

@@ -34,8 +34,8 @@ Exit codes: 0 files written or current; 1 a file is stale (--check); 2 a spec is
 			}
 			if o.check {
 				stale := bazelgen.Stale(o.root, files)
-				for _, p := range stale {
-					fmt.Fprintf(cmd.OutOrStdout(), "%s: stale (run infradev gen)\n", p)
+				for _, f := range stale {
+					fmt.Fprintf(cmd.OutOrStdout(), "%s: stale (run infradev gen)\n", f.Path)
 				}
 				if len(stale) > 0 {
 					return &ExitError{Code: ExitFailed, Err: fmt.Errorf("%d generated Bazel file(s) stale", len(stale))}
@@ -44,18 +44,14 @@ Exit codes: 0 files written or current; 1 a file is stale (--check); 2 a spec is
 				return nil
 			}
 			for _, f := range bazelgen.Stale(o.root, files) {
-				path := filepath.Join(o.root, f)
-				for _, g := range files {
-					if g.Path == f {
-						if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-							return err
-						}
-						if err := atomicfile.Write(path, g.Data); err != nil {
-							return err
-						}
-					}
+				path := filepath.Join(o.root, f.Path)
+				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "wrote %s\n", f)
+				if err := atomicfile.Write(path, f.Data); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "wrote %s\n", f.Path)
 			}
 			return nil
 		},

@@ -8,6 +8,7 @@ package eval
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -122,13 +123,15 @@ func Run(ctx context.Context, c Config) ([]*result.Result, error) {
 			s.settle(it, prev, "resumed")
 			continue
 		}
-		if stored(c.Results, it.key) {
+		if c.Results != nil {
 			r, err := c.Results.CopyOut(it.key, it.dir, it.pred.Model, it.pred.InstanceID)
-			if err != nil {
+			if err == nil {
+				s.settle(it, r, "stored")
+				continue
+			}
+			if !errors.Is(err, resultstore.ErrNotStored) {
 				return nil, err
 			}
-			s.settle(it, r, "stored")
-			continue
 		}
 		if groups[it.key] == nil {
 			keys = append(keys, it.key)
@@ -367,12 +370,4 @@ func Load(runDir string) ([]*result.Result, error) {
 		out = append(out, r)
 	}
 	return out, nil
-}
-
-func stored(b resultstore.Backend, key string) bool {
-	if b == nil {
-		return false
-	}
-	_, ok := b.Get(key)
-	return ok
 }

@@ -2,6 +2,7 @@ package resultstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 
@@ -35,15 +36,14 @@ func (c Cached) Run(ctx context.Context, in runner.Inputs, out string) (*result.
 	if instance == "" {
 		instance = in.Task.ID
 	}
-	if _, ok := c.Store.Get(key); ok {
-		r, err := c.Store.CopyOut(key, out, in.Model, instance)
-		if err == nil {
-			if c.Log != nil {
-				fmt.Fprintf(c.Log, "%s: result from the results store (key %s)\n", instance, key[:16])
-			}
-			return r, nil
+	switch r, err := c.Store.CopyOut(key, out, in.Model, instance); {
+	case err == nil:
+		if c.Log != nil {
+			fmt.Fprintf(c.Log, "%s: result from the results store (key %s)\n", instance, key[:16])
 		}
-		// A broken entry is a miss: run the attempt.
+		return r, nil
+	case !errors.Is(err, ErrNotStored):
+		return nil, err
 	}
 	r, err := c.Attempter.Run(ctx, in, out)
 	if err != nil || r.FailureClass == result.InfraError {

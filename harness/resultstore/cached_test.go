@@ -3,6 +3,7 @@ package resultstore_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -60,6 +61,10 @@ func TestCachedRunsEachInputOnce(t *testing.T) {
 	run(in, filepath.Join(dir, "3"))
 	if f.runs != 2 {
 		t.Errorf("a new patch: %d runs, want 2", f.runs)
+	}
+	// A directory store without the entry says so.
+	if _, err := (resultstore.Store{Dir: filepath.Join(dir, "store")}).CopyOut("0000", filepath.Join(dir, "x"), "m", "t-1"); !errors.Is(err, resultstore.ErrNotStored) {
+		t.Errorf("Store.CopyOut of a missing key: %v, want ErrNotStored", err)
 	}
 	// Infrastructure errors are not stored: the next attempt runs.
 	f.class = result.InfraError

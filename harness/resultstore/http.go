@@ -98,7 +98,7 @@ func (h HTTP) blob(d *repb.Digest) ([]byte, error) {
 	}
 	sum := sha256.Sum256(data)
 	if !ok || hex.EncodeToString(sum[:]) != d.GetHash() || int64(len(data)) != d.GetSizeBytes() {
-		return nil, fmt.Errorf("cas/%s: missing or corrupt", d.GetHash())
+		return nil, fmt.Errorf("cas/%s: missing or corrupt: %w", d.GetHash(), ErrNotStored)
 	}
 	return data, nil
 }
@@ -166,14 +166,16 @@ func (h HTTP) Put(key, src string) error {
 }
 
 // CopyOut writes the stored entry for key to dst as the result of (model, instance): every
-// file fetched and checked, then the folder renamed into place.
+// file fetched and checked, then the folder renamed into place. A cache that cannot be reached,
+// or a missing or corrupt blob, is a miss (ErrNotStored); an entry naming a path outside the run
+// folder is an error.
 func (h HTTP) CopyOut(key, dst, model, instance string) (*result.Result, error) {
 	ar, ok, err := h.actionResult(key)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("result %s: %v: %w", key, err, ErrNotStored)
 	}
 	if !ok {
-		return nil, fmt.Errorf("result %s: not in %s", key, h.URL)
+		return nil, fmt.Errorf("result %s: %w (%s)", key, ErrNotStored, h.URL)
 	}
 	tmp := dst + ".tmp"
 	os.RemoveAll(tmp)

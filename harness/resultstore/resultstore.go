@@ -9,6 +9,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -25,9 +26,13 @@ type Backend interface {
 	Get(key string) (*result.Result, bool)
 	// Put stores the run folder src under key, keeping an existing entry.
 	Put(key, src string) error
-	// CopyOut writes the entry for key to dst as the result of (model, instance).
+	// CopyOut writes the entry for key to dst as the result of (model, instance). Without a
+	// usable entry it returns an error wrapping ErrNotStored: the attempt must run.
 	CopyOut(key, dst, model, instance string) (*result.Result, error)
 }
+
+// ErrNotStored is wrapped by CopyOut's error when the store holds no usable entry for a key.
+var ErrNotStored = errors.New("not in the results store")
 
 // Open returns the backend a --results value names: "" none (nil), an http:// or https://
 // URL a Bazel HTTP remote cache, anything else a directory.
@@ -94,6 +99,9 @@ func (s Store) Put(key, src string) error {
 // folder is copied whole, then renamed into place.
 func (s Store) CopyOut(key, dst, model, instance string) (*result.Result, error) {
 	src := filepath.Join(s.Dir, key)
+	if _, ok := s.Get(key); !ok {
+		return nil, fmt.Errorf("result %s: %w", key, ErrNotStored)
+	}
 	tmp := dst + ".tmp"
 	os.RemoveAll(tmp)
 	if err := copyTree(src, tmp); err != nil {

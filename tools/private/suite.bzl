@@ -18,4 +18,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:d0cb8b09a7658537b53f5820dc8082587ffe476cfc5d10db2a398f7207232481"
+HARNESS_DIGEST = "sha256:6178e846020e5687fafa750bb91cbb10ab116a81b662ebd96292cfaf94d353b7"

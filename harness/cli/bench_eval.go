@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/infradev/infradev/harness/eval"
+	"github.com/infradev/infradev/harness/judge"
 	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/resultstore"
 	"github.com/infradev/infradev/harness/runner"
@@ -165,6 +166,10 @@ func runDirect(ctx context.Context, g *globals, t *task.Task, ps *probe.Set, lay
 		data, _ := os.ReadFile(filepath.Join(ps.Dir, e.Name()))
 		os.WriteFile(filepath.Join(probes, e.Name()), data, 0o644)
 	}
+	// The probes' judge library, as the harness stages it (children run as the same user here).
+	lib := filepath.Join(tmp, "judge")
+	os.MkdirAll(lib, 0o755)
+	os.WriteFile(filepath.Join(lib, judge.LibraryModule+".py"), judge.Library, 0o644)
 	chroot := func(script string) error {
 		c := exec.CommandContext(ctx, "chroot", ov.Merged, "/bin/sh", "-c", script)
 		c.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/tmp", "PYTHONDONTWRITEBYTECODE=1"}
@@ -186,7 +191,7 @@ func runDirect(ctx context.Context, g *globals, t *task.Task, ps *probe.Set, lay
 	for _, p := range ps.Probes {
 		ids = append(ids, path.Join("/tmp/probes", p.Test))
 	}
-	if err := chroot("cd " + t.Repo.Path + " && PYTHONPATH=" + t.Repo.Path + " python3 -m pytest -q -p no:cacheprovider --rootdir=/tmp/probes " + strings.Join(ids, " ")); err != nil {
+	if err := chroot("cd " + t.Repo.Path + " && PYTHONPATH=/tmp/judge INFRADEV_REPO=" + t.Repo.Path + " python3 -m pytest -q -p no:cacheprovider --rootdir=/tmp/probes " + strings.Join(ids, " ")); err != nil {
 		return 0, err
 	}
 	return time.Since(start), nil

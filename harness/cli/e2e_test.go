@@ -162,8 +162,58 @@ func TestValidateDemoTask(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("validate exit %d\n%s%s", code, stdout, stderr)
 	}
-	if !regexp.MustCompile(`minitron-0001 +3/3 resolved +official_tests_failed +7/7 as built +ok`).MatchString(stdout) {
+	if !regexp.MustCompile(`minitron-0001 +3/3 resolved +official_tests_failed +7/7 as built +10/10 rejected +[0-9]+s +ok`).MatchString(stdout) {
 		t.Errorf("validate table:\n%s", stdout)
+	}
+}
+
+// TestValidateNamesBrokenProbes: a probe that imports the task's repository in its judging
+// process, one with a syntax error, and a declared probe test that does not exist each fail
+// the task's own check, named with file and line, before any submission runs; run-task grades
+// an attempt on such a task task_error (exit 2), never against the submission.
+func TestValidateNamesBrokenProbes(t *testing.T) {
+	requireSandbox(t)
+	root := repoRoot(t)
+	cases := []struct {
+		name   string
+		change func(src string) string
+		want   string
+	}{
+		{"in-process probe", func(src string) string {
+			return strings.Replace(src, "import numpy as np\n", "import numpy as np\nfrom minitron.model import MLP  # judged in process\n", 1)
+		}, `probes/test_probes.py:7: imports 'minitron.model' from the task repository in the judging process`},
+		{"syntax error", func(src string) string { return src + "\n\ndef broken(:\n    pass\n" }, `probes/test_probes.py:[0-9]+: syntax error`},
+		{"unknown probe test", func(src string) string {
+			return strings.Replace(src, "def test_state_dict_is_a_snapshot(", "def test_renamed(", 1)
+		}, `probe test test_probes.py::test_state_dict_is_a_snapshot does not exist`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tree := t.TempDir()
+			for _, d := range []string{"tasks/demo/minitron-0001", "probes/demo/minitron-0001"} {
+				if err := os.CopyFS(filepath.Join(tree, d), os.DirFS(filepath.Join(root, d))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			file := filepath.Join(tree, "probes/demo/minitron-0001/test_probes.py")
+			src, _ := os.ReadFile(file)
+			if err := os.WriteFile(file, []byte(c.change(string(src))), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			code, stdout, stderr := infradev(t, append(storeFlags(t), "validate", "--runs", "1",
+				"--probes", filepath.Join(tree, "probes"), "--environments", filepath.Join(root, "environments"),
+				"--out", t.TempDir(), filepath.Join(tree, "tasks/demo/minitron-0001"))...)
+			if code != 1 || !regexp.MustCompile(`task error: .*`+c.want).MatchString(stdout) {
+				t.Fatalf("validate exit %d, want 1 naming %q:\n%s%s", code, c.want, stdout, stderr)
+			}
+			code, stdout, _ = infradev(t, append(storeFlags(t), "run-task",
+				"--task", filepath.Join(tree, "tasks/demo/minitron-0001"), "--probes", filepath.Join(tree, "probes/demo/minitron-0001"),
+				"--layout", filepath.Join(testenv.Store(t), "oci"), "--image", demoImage(t),
+				"--patch", filepath.Join(root, "tasks/demo/minitron-0001/gold.patch"), "--out", t.TempDir())...)
+			if code != 2 || !strings.Contains(stdout, "not run (task error)") {
+				t.Errorf("run-task exit %d, want 2 with a task error:\n%s", code, stdout)
+			}
+		})
 	}
 }
 

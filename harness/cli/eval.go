@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -88,10 +89,15 @@ Exit codes: 0 the evaluation completed (whatever the verdicts); 2 bad usage or i
 			})
 			progress.finish()
 			if err != nil {
-				if cmd.Context().Err() != nil {
+				var in *eval.InputError
+				var spec specfile.Errors
+				switch {
+				case cmd.Context().Err() != nil:
 					return exitf(130, "%v", err)
+				case errors.As(err, &in), errors.As(err, &spec):
+					return exitf(ExitUsage, "%v", err)
 				}
-				return err
+				return exitf(ExitInfra, "%v", err)
 			}
 			runDir := filepath.Join(o.out, o.runID)
 			stored, err := report.LoadRun(runDir)

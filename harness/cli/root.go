@@ -155,10 +155,11 @@ func (g *globals) runner() (runner.Attempter, error) {
 		return nil, err
 	}
 	r := &runner.Runner{
-		Sandbox: &sandbox.Runc{Binary: envOr("INFRADEV_RUNTIME", "runc"), StateDir: filepath.Join(cache, "sandbox")},
-		Cache:   unpack.Cache{Dir: filepath.Join(cache, "unpacked")},
-		Scratch: filepath.Join(cache, "scratch"),
-		Harness: harnessKey(),
+		Sandbox:    &sandbox.Runc{Binary: envOr("INFRADEV_RUNTIME", "runc"), StateDir: filepath.Join(cache, "sandbox")},
+		Cache:      unpack.Cache{Dir: filepath.Join(cache, "unpacked")},
+		Scratch:    filepath.Join(cache, "scratch"),
+		TaskChecks: filepath.Join(cache, "task-checks"),
+		Harness:    harnessKey(),
 	}
 	if m := g.machine(); m != nil && len(m.Devices) > 0 {
 		r.GPUs = gpu.HostNodes{Machine: m}

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/infradev/infradev/harness/atomicfile"
+	"github.com/infradev/infradev/harness/cheat"
 	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/report"
 	"github.com/infradev/infradev/harness/result"
@@ -20,8 +22,8 @@ import (
 
 func newRunTaskCmd(g *globals) *cobra.Command {
 	var o struct {
-		task, probes, layout, image, patch, out, instance, model, results string
-		asJSON                                                            bool
+		task, probes, layout, image, patch, out, instance, model, results, cheat string
+		asJSON                                                                   bool
 	}
 	cmd := &cobra.Command{
 		Use:   "run-task",
@@ -33,7 +35,8 @@ $XML_OUTPUT_FILE when that is set (as under bazel test). With --results (a direc
 URL of a Bazel HTTP remote cache), an attempt whose inputs already have a stored result is not
 run again, and a new result is stored: the same store infradev eval uses.
 
-Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec; 3 infrastructure fault.`,
+Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec, or the task itself is broken
+(task_error); 3 infrastructure fault.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			t, err := task.Load(o.task)
@@ -58,7 +61,7 @@ Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec; 3 infrastructure fa
 			}
 			r = resultstore.Cached{Attempter: r, Store: resultstore.Open(o.results), Log: cmd.ErrOrStderr()}
 			res, err := r.Run(cmd.Context(), runner.Inputs{Task: t, Probes: ps, Layout: layout, Image: o.image,
-				Patch: patch, InstanceID: o.instance, Model: o.model}, o.out)
+				Patch: patch, InstanceID: o.instance, Model: o.model, Cheat: o.cheat}, o.out)
 			if err != nil {
 				return exitf(ExitInfra, "%v", err)
 			}
@@ -91,6 +94,8 @@ Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec; 3 infrastructure fa
 				return nil
 			case result.IsSubmissionFailure(res.FailureClass):
 				return &ExitError{Code: ExitFailed, Err: fmt.Errorf("")}
+			case res.FailureClass == result.TaskError:
+				return &ExitError{Code: ExitUsage, Err: fmt.Errorf("%s: %s", res.FailureClass, res.Reason)}
 			default:
 				return &ExitError{Code: ExitInfra, Err: fmt.Errorf("%s: %s", res.FailureClass, res.Reason)}
 			}
@@ -106,6 +111,7 @@ Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec; 3 infrastructure fa
 	f.StringVar(&o.instance, "instance-id", "", "instance id to record (default: the task id)")
 	f.StringVar(&o.model, "model", "", "model name to record")
 	f.BoolVar(&o.asJSON, "json", false, "print result.json instead of the verdict line")
+	f.StringVar(&o.cheat, "cheat", "", "add an in-process cheat to the submission ("+strings.Join(cheat.Names, ", ")+"): checks that a task's canaries and probes hold")
 	f.StringVar(&o.results, "results", os.Getenv("INFRADEV_RESULTS"), "results store to reuse and fill: a directory or a Bazel HTTP cache URL (env INFRADEV_RESULTS; empty: none)")
 	for _, name := range []string{"task", "probes", "layout", "image", "patch", "out"} {
 		_ = cmd.MarkFlagRequired(name)

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -13,13 +14,13 @@ import (
 	"github.com/infradev/infradev/harness/envspec"
 	"github.com/infradev/infradev/harness/image"
 	"github.com/infradev/infradev/harness/probe"
-	"github.com/infradev/infradev/harness/report"
 	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/runner"
 	"github.com/infradev/infradev/harness/samples"
 	"github.com/infradev/infradev/harness/specfile"
 	"github.com/infradev/infradev/harness/suite"
 	"github.com/infradev/infradev/harness/task"
+	"github.com/infradev/infradev/harness/validate"
 )
 
 func newValidateCmd(g *globals) *cobra.Command {
@@ -28,18 +29,29 @@ func newValidateCmd(g *globals) *cobra.Command {
 		runs              int
 		schemaOnly        bool
 		updateBaseline    bool
+		noTamper          bool
+		jobs              int
 	}
 	cmd := &cobra.Command{
 		Use:   "validate [TASK_DIR...]",
-		Short: "Check task specs, then check that gold resolves and the empty patch does not",
+		Short: "Check task specs, then check that gold resolves, the base fails and the probes hold",
 		Long: `Check every task (default: every tasks/<project>/<id>) and its probes against their
 schemas, reporting every problem with file, line and field, and check that the instruction names
-every interface the probes use that the gold patch provides. Unless --schema-only, also run each
-task's gold patch --runs times (every run must resolve), the empty patch once (it must fail
-an official test, so the task is not already solved) and every sample in samples.yaml beside
-the probes (each must get the verdict, and fail exactly the probes, it was built for), and
-print a table per task. Every probe must be failed by at least one sample: a probe that no
-wrong patch fails has shown no power to tell wrong from right.
+every interface the probes use that the gold patch provides. Unless --schema-only, also run:
+
+- the task's own check: the repository is at its base commit, the official test patch and gold
+  apply, canaries get their outcomes in every official test file, and every probe parses,
+  imports nothing of the repository in its judging process and is collected (a fault is
+  named with file and line);
+- gold --runs times (every run must resolve; budgeted probes' baselines are measured);
+- the empty patch: every fail-to-pass test must fail and every pass-to-pass test pass;
+- every sample in samples.yaml beside the probes (each must get the verdict, and fail exactly
+  the probes, it was built for);
+- the tamper check (unless --no-tamper): the empty patch with each in-process cheat, and each
+  sample with one, must not resolve, and the probes alone must reject the empty patch;
+
+and print a table per task with the time it took. Every probe must be failed by at least one
+sample: a probe that no wrong patch fails has shown no power to tell wrong from right.
 
 Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infrastructure fault.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -105,101 +117,75 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 			if o.schemaOnly {
 				return nil
 			}
-			r, err := g.runner()
+			att, err := g.runner()
 			if err != nil {
 				return err
 			}
+			rn, ok := att.(validate.Runner)
+			if !ok {
+				return exitf(ExitInfra, "the runner cannot check tasks")
+			}
 			images := map[string]string{}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
-			fmt.Fprintf(tw, "TASK\tGOLD\tEMPTY\tSAMPLES\tCHECK\n")
-			failed := false
 			for _, it := range items {
-				img, ok := images[it.t.Environment]
-				if !ok {
-					env, err := envspec.Load(filepath.Join(o.envs, it.t.Environment))
-					if err != nil {
-						return err
-					}
-					b, err := image.Build(cmd.Context(), env, g.imageStore(), image.Options{Log: cmd.ErrOrStderr()})
-					if err != nil {
-						return exitf(ExitInfra, "%v", err)
-					}
-					img = b.Manifest
-					images[it.t.Environment] = img
+				if _, ok := images[it.t.Environment]; ok {
+					continue
 				}
-				layout, _ := filepath.Abs(g.imageStore().Layout())
-				gold, err := os.ReadFile(it.t.File(it.t.Gold))
+				env, err := envspec.Load(filepath.Join(o.envs, it.t.Environment))
 				if err != nil {
 					return err
 				}
-				run := func(name string, patch []byte, measure bool) (*result.Result, error) {
-					return r.Run(cmd.Context(), runner.Inputs{Task: it.t, Probes: it.p, Layout: layout, Image: img,
-						Patch: patch, Model: name, MeasureBudgets: measure}, filepath.Join(o.out, it.t.ID, name))
-				}
-				var problems []string
-				var golds []*result.Result
-				goldOK := 0
-				for i := 0; i < o.runs; i++ {
-					res, err := run(fmt.Sprintf("gold-%d", i+1), gold, true)
-					if err != nil {
-						return exitf(ExitInfra, "%v", err)
-					}
-					golds = append(golds, res)
-					if res.Resolved {
-						goldOK++
-					} else {
-						problems = append(problems, fmt.Sprintf("gold run %d: %s", i+1, res.Reason))
-					}
-				}
-				if flaky := report.Flaky(golds); len(flaky) > 0 {
-					problems = append(problems, "flaky across gold runs: "+strings.Join(flaky, ", "))
-				}
-				if len(it.p.Budgeted()) > 0 && goldOK == o.runs {
-					note, err := baseline(it.t, it.p, golds, img, o.updateBaseline)
-					if err != nil {
-						return err
-					}
-					fmt.Fprintf(cmd.ErrOrStderr(), "%s: %s\n", it.t.ID, note)
-					if it.p, err = probe.Load(it.p.Dir, it.t.ID); err != nil {
-						return err
-					}
-					judged, err := run("gold-budgets", gold, false)
-					if err != nil {
-						return exitf(ExitInfra, "%v", err)
-					}
-					if !judged.Resolved {
-						problems = append(problems, "gold fails its own budgets: "+judged.Reason)
-					}
-				}
-				empty, err := run("empty", nil, false)
+				b, err := image.Build(cmd.Context(), env, g.imageStore(), image.Options{Log: cmd.ErrOrStderr()})
 				if err != nil {
 					return exitf(ExitInfra, "%v", err)
 				}
-				if empty.FailureClass != result.OfficialTestsFailed {
-					problems = append(problems, fmt.Sprintf("empty patch must fail an official test, got %q", empty.FailureClass))
+				images[it.t.Environment] = b.Manifest
+			}
+			layout, err := filepath.Abs(g.imageStore().Layout())
+			if err != nil {
+				return err
+			}
+			// Tasks are validated concurrently (--jobs), each one's attempts in order; the table
+			// keeps the tasks' order.
+			reports := make([]*validate.Report, len(items))
+			errsOut := make([]error, len(items))
+			sem := make(chan struct{}, max(1, o.jobs))
+			var wg sync.WaitGroup
+			for i, it := range items {
+				wg.Add(1)
+				go func(i int, it item) {
+					defer wg.Done()
+					sem <- struct{}{}
+					defer func() { <-sem }()
+					reports[i], errsOut[i] = validateOne(cmd, rn, it.t, it.p, it.s, layout, images[it.t.Environment], o.runs, o.out, !o.noTamper, o.updateBaseline)
+				}(i, it)
+			}
+			wg.Wait()
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
+			fmt.Fprintf(tw, "TASK\tGOLD\tEMPTY\tSAMPLES\tTAMPER\tTIME\tCHECK\n")
+			failed := false
+			for i, rep := range reports {
+				if errsOut[i] != nil {
+					return exitf(ExitInfra, "%s: %v", items[i].t.ID, errsOut[i])
 				}
-				asBuilt := 0
-				for _, sm := range it.s.Samples {
-					patch, err := it.s.Read(sm)
-					if err != nil {
-						return err
-					}
-					res, err := run("sample-"+sm.Name, patch, false)
-					if err != nil {
-						return exitf(ExitInfra, "%v", err)
-					}
-					if msg := sm.Check(res); msg != "" {
-						problems = append(problems, "sample "+msg)
-					} else {
-						asBuilt++
-					}
+				if rep.BaselineNote != "" {
+					fmt.Fprintf(cmd.ErrOrStderr(), "%s: %s\n", rep.Task, rep.BaselineNote)
 				}
 				check := "ok"
-				if len(problems) > 0 {
-					check, failed = strings.Join(problems, "; "), true
+				switch {
+				case rep.Fault != "":
+					check, failed = "task error: "+rep.Fault, true
+				case !rep.OK():
+					check, failed = strings.Join(rep.Problems, "; "), true
 				}
-				fmt.Fprintf(tw, "%s\t%d/%d resolved\t%s\t%d/%d as built\t%s\n", it.t.ID, goldOK, o.runs, orDash(empty.FailureClass),
-					asBuilt, len(it.s.Samples), check)
+				tamper := "-"
+				if rep.TamperRuns > 0 {
+					tamper = fmt.Sprintf("%d/%d rejected", rep.TamperOK, rep.TamperRuns)
+				}
+				goldCol, samplesCol := fmt.Sprintf("%d/%d resolved", rep.GoldResolved, rep.GoldRuns), fmt.Sprintf("%d/%d as built", rep.SamplesOK, rep.Samples)
+				if rep.Fault != "" {
+					goldCol, samplesCol = "-", "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0fs\t%s\n", rep.Task, goldCol, orDash(rep.Empty), samplesCol, tamper, rep.WallSeconds, check)
 			}
 			if err := tw.Flush(); err != nil {
 				return err
@@ -217,7 +203,28 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 	f.IntVar(&o.runs, "runs", 3, "how many times gold must resolve")
 	f.BoolVar(&o.schemaOnly, "schema-only", false, "check specs only; run nothing")
 	f.BoolVar(&o.updateBaseline, "update-baseline", false, "rewrite baseline.json from this run's gold figures")
+	f.IntVar(&o.jobs, "jobs", 1, "tasks validated at once (budgeted probes measure time and memory: more at once makes them noisier)")
+	f.BoolVar(&o.noTamper, "no-tamper", false, "skip the tamper check (every sample and the empty patch again with an in-process cheat)")
 	return cmd
+}
+
+// validateOne validates one task with its gold patch (read from the task).
+func validateOne(cmd *cobra.Command, rn validate.Runner, t *task.Task, p *probe.Set, ss *samples.Set, layout, img string,
+	runs int, out string, tamper, updateBaseline bool) (*validate.Report, error) {
+	gold, err := os.ReadFile(t.File(t.Gold))
+	if err != nil {
+		return nil, err
+	}
+	return validate.Task(cmd.Context(), rn, runner.Inputs{Task: t, Probes: p, Layout: layout, Image: img}, ss, gold,
+		validate.Options{Runs: runs, Out: out, Tamper: tamper,
+			Baseline: func(golds []*result.Result) (string, *probe.Set, error) {
+				note, err := baseline(t, p, golds, img, updateBaseline)
+				if err != nil {
+					return "", nil, err
+				}
+				ps, err := probe.Load(p.Dir, t.ID)
+				return note, ps, err
+			}})
 }
 
 // baseline writes the budgeted probes' gold figures (the largest over the runs) to the probes'
@@ -236,6 +243,7 @@ func baseline(t *task.Task, ps *probe.Set, golds []*result.Result, image string,
 			f := b.Probes[o.Probe]
 			f.PeakMemoryBytes = max(f.PeakMemoryBytes, o.PeakMemoryBytes)
 			f.WallSeconds = max(f.WallSeconds, o.WallSeconds)
+			f.CPUSeconds = max(f.CPUSeconds, o.CPUSeconds)
 			if o.PeakMemoryBytes > 0 {
 				b.Probes[o.Probe] = f
 			}
@@ -246,7 +254,7 @@ func baseline(t *task.Task, ps *probe.Set, golds []*result.Result, image string,
 	}
 	var parts []string
 	for id, f := range b.Probes {
-		parts = append(parts, fmt.Sprintf("%s peak %.1fMiB wall %.2fs", id, float64(f.PeakMemoryBytes)/(1<<20), f.WallSeconds))
+		parts = append(parts, fmt.Sprintf("%s peak %.1fMiB wall %.2fs cpu %.2fs", id, float64(f.PeakMemoryBytes)/(1<<20), f.WallSeconds, f.CPUSeconds))
 	}
 	return "baseline.json written: " + strings.Join(parts, "; "), nil
 }

@@ -14,8 +14,11 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/gofrs/flock"
 
 	"github.com/infradev/infradev/harness/envspec"
 	"github.com/infradev/infradev/harness/image"
@@ -65,7 +68,7 @@ type Event struct {
 	ETA time.Duration
 }
 
-var safeName = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
+var runIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
 type item struct {
 	pred predictions.Prediction
@@ -80,18 +83,21 @@ type item struct {
 // task Select rejects are left out). If ctx ends, finished results are kept on disk and the
 // error says the evaluation was interrupted.
 func Run(ctx context.Context, c Config) ([]*result.Result, error) {
+	if !runIDRe.MatchString(c.RunID) {
+		return nil, &InputError{fmt.Errorf("run id %q: must match %s", c.RunID, runIDRe)}
+	}
 	var preds []predictions.Prediction
 	from := map[[2]string]string{}
 	for _, f := range c.Predictions {
 		ps, err := predictions.Read(f)
 		if err != nil {
-			return nil, err
+			return nil, &InputError{err}
 		}
 		// One run folder per (model, instance): two predictions for it would share it.
 		for _, p := range ps {
 			k := [2]string{p.Model, p.InstanceID}
 			if prev, dup := from[k]; dup {
-				return nil, fmt.Errorf("%s: %s already has a prediction for %s in %s", f, p.Model, p.InstanceID, prev)
+				return nil, &InputError{fmt.Errorf("%s:%d: %s already has a prediction for %s in %s", f, p.Line, p.Model, p.InstanceID, prev)}
 			}
 			from[k] = f
 		}
@@ -103,6 +109,11 @@ func Run(ctx context.Context, c Config) ([]*result.Result, error) {
 	}
 	s := &session{c: c, dirs: dirs, tasks: map[string]*loaded{}, images: map[string]string{}, start: time.Now()}
 	var items []*item
+	for _, p := range preds {
+		if _, ok := dirs[p.InstanceID]; !ok {
+			return nil, &InputError{fmt.Errorf("line %d: instance_id: no task %q under %s", p.Line, p.InstanceID, c.TasksRoot)}
+		}
+	}
 	for _, p := range preds {
 		it, err := s.prepare(ctx, p)
 		if err != nil {
@@ -118,8 +129,7 @@ func Run(ctx context.Context, c Config) ([]*result.Result, error) {
 	groups := map[string][]*item{}
 	var keys []string
 	for _, it := range items {
-		if prev, err := result.Read(filepath.Join(it.dir, "result.json")); err == nil && prev.Inputs == it.keys &&
-			prev.FailureClass != result.InfraError && prev.FailureClass != result.NotRun {
+		if prev := s.finished(it); prev != nil {
 			s.settle(it, prev, "resumed")
 			continue
 		}
@@ -208,24 +218,63 @@ func (s *session) prepare(ctx context.Context, p predictions.Prediction) (*item,
 	if err != nil {
 		return nil, err
 	}
-	dir := filepath.Join(s.c.Out, safeName.ReplaceAllString(s.c.RunID, "_"),
-		safeName.ReplaceAllString(p.Model, "_"), safeName.ReplaceAllString(p.InstanceID, "_"))
+	// Folder names map names one to one, so no two models or instances share a folder, and
+	// the checked names never leave the run folder.
+	dir := filepath.Join(s.runDir(), predictions.Folder(p.Model), predictions.Folder(p.InstanceID))
 	return &item{pred: p, in: in, keys: keys, key: resultstore.Key(keys), dir: dir}, nil
 }
 
-// attempt runs the first item of a group and gives its result to the others.
+// runDir is this evaluation's run folder.
+func (s *session) runDir() string { return filepath.Join(s.c.Out, s.c.RunID) }
+
+// InputError is an evaluation refused for its input (a predictions file, a run id) before
+// anything ran.
+type InputError struct{ Err error }
+
+func (e *InputError) Error() string { return e.Err.Error() }
+func (e *InputError) Unwrap() error { return e.Err }
+
+// attempt runs the first item of a group and gives its result to the others. It first claims
+// the group's key across processes: a second evaluation of the same run (or of another run
+// over the same output root) waits for the first to finish the attempt and then takes its
+// result, rather than running it again.
 func (s *session) attempt(ctx context.Context, group []*item, l schedule.Lease) error {
+	claim, err := s.claim(ctx, group[0].key)
+	if err != nil {
+		return err
+	}
+	defer claim.Unlock()
+	var left []*item
+	for _, it := range group {
+		if r := s.finished(it); r != nil {
+			s.settle(it, r, "resumed")
+			continue
+		}
+		if s.c.Results != nil {
+			if r, err := s.c.Results.CopyOut(it.key, it.dir, it.pred.Model, it.pred.InstanceID); err == nil {
+				s.settle(it, r, "stored")
+				continue
+			} else if !errors.Is(err, resultstore.ErrNotStored) {
+				return err
+			}
+		}
+		left = append(left, it)
+	}
+	if len(left) == 0 {
+		return nil
+	}
+	group = left
 	first := group[0]
 	in := first.in
 	in.GPUs = l.GPUs
-	if err := os.RemoveAll(first.dir); err != nil {
+	if err := s.clear(first.dir); err != nil {
 		return err
 	}
 	start := time.Now()
 	r, err := s.c.Runner.Run(ctx, in, first.dir)
 	if err != nil {
 		if ctx.Err() != nil {
-			os.RemoveAll(first.dir) // an interrupted attempt leaves nothing that looks finished
+			_ = s.clear(first.dir) // an interrupted attempt leaves nothing that looks finished
 		}
 		return err
 	}
@@ -252,6 +301,40 @@ func (s *session) attempt(ctx context.Context, group []*item, l schedule.Lease) 
 		s.settle(it, shared, "shared")
 	}
 	return nil
+}
+
+// finished returns the result in it's run folder when it is for exactly these inputs and is a
+// verdict (not an infrastructure error or an attempt that could not run), else nil.
+func (s *session) finished(it *item) *result.Result {
+	prev, err := result.Read(filepath.Join(it.dir, "result.json"))
+	if err == nil && prev.Inputs == it.keys && prev.FailureClass != result.InfraError && prev.FailureClass != result.NotRun {
+		return prev
+	}
+	return nil
+}
+
+// clear removes an attempt's folder before it runs again; it never removes anything outside
+// the run folder.
+func (s *session) clear(dir string) error {
+	rel, err := filepath.Rel(s.runDir(), dir)
+	if err != nil || !filepath.IsLocal(rel) || strings.Count(filepath.ToSlash(rel), "/") != 1 {
+		return fmt.Errorf("refusing to clear %s: not an attempt folder of run %s", dir, s.runDir())
+	}
+	return os.RemoveAll(dir)
+}
+
+// claim takes the cross-process claim on an attempt key: a lock file under the output root,
+// released by the kernel if this process dies.
+func (s *session) claim(ctx context.Context, key string) (*flock.Flock, error) {
+	dir := filepath.Join(s.c.Out, ".claims")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	l := flock.New(filepath.Join(dir, key+".lock"))
+	if _, err := l.TryLockContext(ctx, 200*time.Millisecond); err != nil {
+		return nil, fmt.Errorf("claiming attempt %s: %w", key, err)
+	}
+	return l, nil
 }
 
 func (s *session) notRun(it *item, why error) error {

@@ -16,11 +16,13 @@ import (
 	"github.com/infradev/infradev/harness/tamper"
 )
 
-// Exit codes of the harness's own setup scripts inside the sandbox.
+// Exit codes of the harness's setup script inside the sandbox. 30 and 32 are decided before
+// the submission is applied (faults of the task); 20 and 21 are the submission's.
 const (
 	ExitPatchDoesNotApply = 20 // git apply refused the submission
+	ExitSetupOverPatch    = 21 // the official tests could not be put in place over the submission
 	ExitNotAtBase         = 30 // the task repository is not at its base commit
-	ExitTestsDoNotApply   = 32 // the official test patch does not apply after reset
+	ExitTestsDoNotApply   = 32 // the official test patch does not apply at the base commit
 )
 
 // Raw is what one phase produced.
@@ -40,6 +42,13 @@ type Expected struct {
 	IDs []string
 	// Probes maps a test id to its probe id and category (probe phases only).
 	Probes map[string]ProbeInfo
+	// Canaries maps each canary's node id to the outcome it must get (official tests only);
+	// CanaryStyles to its assertion style.
+	Canaries, CanaryStyles map[string]string
+	// Sealed marks a phase whose report the submission's code could have forged: the official
+	// tests. A missing or broken report, or one that reports passes for tests that were not
+	// asked for, is then tampering.
+	Sealed bool
 }
 
 // ProbeInfo describes the probe behind a test id.
@@ -55,6 +64,8 @@ func Apply(raw Raw) result.Phase {
 		p.Status = result.StatusPassed
 	case raw.Run.ExitCode == ExitPatchDoesNotApply:
 		p.Status, p.Detail = result.StatusFailed, "the patch does not apply (git apply)"
+	case raw.Run.ExitCode == ExitSetupOverPatch:
+		p.Status, p.Detail = result.StatusFailed, "the official tests could not be put in place over the patch"
 	case raw.Run.ExitCode == ExitNotAtBase:
 		p.Status, p.Detail = result.StatusError, "task repository is not at its base commit"
 	case raw.Run.ExitCode == ExitTestsDoNotApply:
@@ -63,6 +74,15 @@ func Apply(raw Raw) result.Phase {
 		p.Status, p.Detail = result.StatusError, fmt.Sprintf("setup script exited %d", raw.Run.ExitCode)
 	}
 	return p
+}
+
+// TaskPhase names the phase that records a fault of the task found by its own check (the
+// preflight), decided without the submission.
+const TaskPhase = "task"
+
+// TaskFault is the phase recording that the task itself is broken.
+func TaskFault(detail string) result.Phase {
+	return result.Phase{Name: TaskPhase, Status: result.StatusError, Detail: detail}
 }
 
 // Integrity grades the static checks of a submission: any finding fails it.
@@ -74,14 +94,18 @@ func Integrity(findings []tamper.Finding) result.Phase {
 			msgs = append(msgs, f.String())
 		}
 		p.Status = result.StatusFailed
-		p.Detail = "the patch tampers with the test runner: " + strings.Join(msgs, "; ")
+		p.Detail = "the patch is refused by the static scan: " + strings.Join(msgs, "; ")
 	}
 	return p
 }
 
 // Tests grades a test phase (official tests or probes) from its JUnit report. Every expected
 // id must be reported as passed; an id that is not reported counts as failed ("missing").
-// A report of all passes from a runner that exited non-zero is not trusted.
+// A report of all passes from a runner that exited non-zero is not trusted. For the official
+// tests (want.Sealed), the report is checked for forgery: the canaries must get their
+// outcomes, the runner must have exited as they imply, and no test may be reported passed that
+// was not asked for; a report that never arrived or was tampered with is forgery too, unless
+// the test process was killed by a fault signal.
 func Tests(name string, raw Raw, want Expected) result.Phase {
 	p := phase(name, raw)
 	switch {
@@ -92,13 +116,18 @@ func Tests(name string, raw Raw, want Expected) result.Phase {
 	}
 	got := map[string]junit.Status{}
 	msgs := map[string]string{}
+	var unasked []string
 	if raw.JUnit != nil {
 		suites, err := junit.Ingest(raw.JUnit)
 		if err != nil {
 			p.Detail = join(p.Detail, "JUnit report is unreadable: "+err.Error())
 		}
+		asked := askedKeys(want)
 		for _, t := range allTests(suites) {
 			id := t.Classname + "::" + t.Name
+			if t.Status == junit.StatusPassed && !asked.has(t.Classname, t.Name) {
+				unasked = append(unasked, id)
+			}
 			// Any non-pass for an id wins over a pass: a duplicated pass cannot hide a failure.
 			if prev, seen := got[id]; !seen || prev == junit.StatusPassed {
 				got[id] = t.Status
@@ -129,8 +158,19 @@ func Tests(name string, raw Raw, want Expected) result.Phase {
 	if p.Status != "" {
 		return p
 	}
+	if want.Sealed {
+		if forged := forgery(raw, want, got, unasked, allPassed, &p); forged != "" {
+			p.Status, p.Detail = result.StatusTampered, join(p.Detail, forged)
+			return p
+		}
+	}
+	// With canaries planted, some tests fail by design: pytest then exits 1.
+	wantExit := 0
+	if hasFailingCanary(want) {
+		wantExit = 1
+	}
 	switch {
-	case allPassed && raw.Run.ExitCode == 0:
+	case allPassed && raw.Run.ExitCode == wantExit:
 		p.Status = result.StatusPassed
 	case allPassed:
 		p.Status = result.StatusFailed
@@ -141,11 +181,111 @@ func Tests(name string, raw Raw, want Expected) result.Phase {
 	return p
 }
 
+// faultSignals are the exits of a process killed by a fault of its own (segmentation fault,
+// abort, bus error, floating-point error, illegal instruction): a crash, not a forgery.
+var faultSignals = map[int]bool{128 + 4: true, 128 + 6: true, 128 + 7: true, 128 + 8: true, 128 + 11: true}
+
+// forgery says how a sealed phase's report shows forged outcomes, or "". It records the
+// canary check in p.
+func forgery(raw Raw, want Expected, got map[string]junit.Status, unasked []string, allPassed bool, p *result.Phase) string {
+	if raw.JUnit == nil {
+		if faultSignals[raw.Run.ExitCode] {
+			p.Detail = join(p.Detail, fmt.Sprintf("the test process crashed (exit %d)", raw.Run.ExitCode))
+			return ""
+		}
+		return "the sealed test report is missing or broken"
+	}
+	if len(unasked) > 0 {
+		sort.Strings(unasked)
+		return fmt.Sprintf("the report shows %d test(s) passed that were never asked for (%s)", len(unasked), firstN(unasked, 3))
+	}
+	if len(want.Canaries) == 0 {
+		return ""
+	}
+	c := &result.Canaries{Planted: len(want.Canaries)}
+	p.Canaries = c
+	forged := false
+	ids := make([]string, 0, len(want.Canaries))
+	for id := range want.Canaries {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		w := want.Canaries[id]
+		st, reported := got[junitKey(id)]
+		o := "missing"
+		if reported {
+			o = outcome(st)
+		}
+		if o == w {
+			continue
+		}
+		c.Wrong = append(c.Wrong, fmt.Sprintf("%s (%s, must be %s): %s", id, want.CanaryStyles[id], w, o))
+		// A must-fail canary that passed is forgery whatever else happened; other misses
+		// count only when the official tests all passed (a broken module takes its canaries
+		// down with its tests, honestly).
+		if (w == canaryFail && o == result.StatusPassed) || allPassed {
+			forged = true
+		}
+	}
+	if forged {
+		return "canaries got the wrong outcome: " + firstN(c.Wrong, 3)
+	}
+	if allPassed && hasFailingCanary(want) && raw.Run.ExitCode == 0 {
+		return "the test runner exited 0 although canaries failed"
+	}
+	return ""
+}
+
+const canaryFail = result.StatusFailed
+
+func hasFailingCanary(want Expected) bool {
+	for _, w := range want.Canaries {
+		if w == canaryFail {
+			return true
+		}
+	}
+	return false
+}
+
+func firstN(items []string, n int) string {
+	if len(items) <= n {
+		return strings.Join(items, "; ")
+	}
+	return strings.Join(items[:n], "; ") + fmt.Sprintf("; and %d more", len(items)-n)
+}
+
+// asked is the set of tests a phase asked for, as JUnit keys: a reported test is asked for
+// when its key is, or it is a parameter case of an asked test ("test_a[1]" of "test_a").
+type asked map[string]bool
+
+func askedKeys(want Expected) asked {
+	a := asked{}
+	for _, id := range want.IDs {
+		a[junitKey(id)] = true
+	}
+	for id := range want.Canaries {
+		a[junitKey(id)] = true
+	}
+	return a
+}
+
+func (a asked) has(classname, name string) bool {
+	key := classname + "::" + name
+	if a[key] {
+		return true
+	}
+	if base, _, ok := strings.Cut(name, "["); ok && a[classname+"::"+base] {
+		return true
+	}
+	return false
+}
+
 // Budget checks a budgeted probe's outcome against gold's figures. The probe must already
 // pass; base nil means no baseline was measured, which is the task's fault. measureOnly
 // records the figures without judging them (used to measure gold).
 func Budget(o *result.TestOutcome, run *sandbox.Result, b probe.Budget, base *probe.Figures, measureOnly bool) {
-	o.PeakMemoryBytes, o.WallSeconds = run.PeakMemory, run.Wall.Seconds()
+	o.PeakMemoryBytes, o.WallSeconds, o.CPUSeconds = run.PeakMemory, run.Wall.Seconds(), run.CPU.Seconds()
 	if o.Outcome != result.StatusPassed || measureOnly {
 		return
 	}
@@ -161,6 +301,14 @@ func Budget(o *result.TestOutcome, run *sandbox.Result, b probe.Budget, base *pr
 	if b.WallFactor > 0 && run.Wall.Seconds() > b.WallFactor*base.WallSeconds {
 		over = append(over, fmt.Sprintf("wall time %.2fs is %.2fx gold's %.2fs (budget %.2fx)", run.Wall.Seconds(),
 			run.Wall.Seconds()/base.WallSeconds, base.WallSeconds, b.WallFactor))
+	}
+	if b.CPUFactor > 0 && base.CPUSeconds <= 0 {
+		o.Outcome, o.Message = result.StatusError, "the gold baseline has no CPU time for this budget: run infradev validate --update-baseline"
+		return
+	}
+	if b.CPUFactor > 0 && run.CPU.Seconds() > b.CPUFactor*base.CPUSeconds {
+		over = append(over, fmt.Sprintf("CPU time %.2fs is %.2fx gold's %.2fs (budget %.2fx)", run.CPU.Seconds(),
+			run.CPU.Seconds()/base.CPUSeconds, base.CPUSeconds, b.CPUFactor))
 	}
 	if len(over) > 0 {
 		o.Outcome, o.Message = result.OverBudget, strings.Join(over, "; ")
@@ -194,12 +342,14 @@ func severity(status string) int {
 		return 0
 	case result.StatusFailed:
 		return 1
-	case result.StatusOOM:
+	case result.StatusTampered:
 		return 2
-	case result.StatusTimeout:
+	case result.StatusOOM:
 		return 3
+	case result.StatusTimeout:
+		return 4
 	}
-	return 4
+	return 5
 }
 
 // Verdict fills r's verdict from its phases: resolved only if every phase passed. The failure
@@ -229,16 +379,19 @@ func classify(p result.Phase) string {
 		return result.Timeout
 	case result.StatusOOM:
 		return result.OOM
+	case result.StatusTampered:
+		return result.Tampered
 	case result.StatusError:
-		if p.ExitCode == ExitNotAtBase || p.ExitCode == ExitTestsDoNotApply {
+		if p.Name == TaskPhase || (p.Name == "apply" && (p.ExitCode == ExitNotAtBase || p.ExitCode == ExitTestsDoNotApply)) {
 			return result.TaskError
 		}
 		return result.InfraError
 	}
 	switch p.Name {
 	case "integrity":
-		// The official tests' outcome cannot be trusted for such a patch.
-		return result.OfficialTestsFailed
+		// A patch that reaches for the runner or hides code from the scan is refused as
+		// tampering before it runs.
+		return result.Tampered
 	case "apply":
 		return result.PatchApplyFailed
 	case "tests":

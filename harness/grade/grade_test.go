@@ -11,6 +11,7 @@ import (
 	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/sandbox"
+	"github.com/infradev/infradev/harness/tamper"
 )
 
 func junit(cases ...string) []byte {
@@ -42,6 +43,7 @@ func TestTests(t *testing.T) {
 		{"missing test", sandbox.Result{}, junit(passA), result.StatusFailed, []string{"passed", "missing"}},
 		{"duplicate pass cannot hide a failure", sandbox.Result{ExitCode: 1}, junit(passA, failB, passB), result.StatusFailed, []string{"passed", "failed"}},
 		{"all pass but runner failed", sandbox.Result{ExitCode: 1}, junit(passA, passB), result.StatusFailed, []string{"passed", "passed"}},
+		{"unsealed: a pass for a test not asked for is ignored", sandbox.Result{}, junit(passA, passB, `<testcase classname="x" name="y"/>`), result.StatusPassed, []string{"passed", "passed"}},
 		{"no report", sandbox.Result{ExitCode: 2}, nil, result.StatusFailed, []string{"missing", "missing"}},
 		{"garbage report", sandbox.Result{}, []byte("PASSED PASSED"), result.StatusFailed, []string{"missing", "missing"}},
 		{"timeout", sandbox.Result{TimedOut: true, ExitCode: 137}, nil, result.StatusTimeout, []string{"missing", "missing"}},
@@ -156,5 +158,69 @@ func TestMergeKeepsTheWorse(t *testing.T) {
 	grade.Merge(&into, result.Phase{Status: "timeout"})
 	if into.Status != "timeout" {
 		t.Errorf("status %q after a timed-out probe run, want timeout", into.Status)
+	}
+}
+
+// TestSealedTestsDetectForgery grades the official tests' report with canaries planted:
+// one must pass (test_c1), one must fail (test_c2).
+func TestSealedTestsDetectForgery(t *testing.T) {
+	canaries := map[string]string{"tests/test_a.py::test_c1": "passed", "tests/test_a.py::test_c2": "failed"}
+	styles := map[string]string{"tests/test_a.py::test_c1": "assert", "tests/test_a.py::test_c2": "unittest"}
+	c1ok := `<testcase classname="tests.test_a" name="test_c1"/>`
+	c1bad := `<testcase classname="tests.test_a" name="test_c1"><failure message="x"/></testcase>`
+	c2ok := `<testcase classname="tests.test_a" name="test_c2"><failure message="assert 1 == 2"/></testcase>`
+	c2bad := `<testcase classname="tests.test_a" name="test_c2"/>`
+	extra := `<testcase classname="tests.test_z" name="test_never_run"/>`
+	extraFailed := `<testcase classname="" name="tests.test_z"><error message="collection failure"/></testcase>`
+	cases := []struct {
+		name    string
+		run     sandbox.Result
+		xml     []byte
+		problem string
+		status  string
+	}{
+		{"honest pass", sandbox.Result{ExitCode: 1}, junit(passA, passB, c1ok, c2ok), "", result.StatusPassed},
+		{"honest failure", sandbox.Result{ExitCode: 1}, junit(passA, failB, c1ok, c2ok), "", result.StatusFailed},
+		{"must-fail canary passed", sandbox.Result{ExitCode: 0}, junit(passA, passB, c1ok, c2bad), "", result.StatusTampered},
+		{"must-fail canary passed while an official test failed", sandbox.Result{ExitCode: 1}, junit(passA, failB, c1ok, c2bad), "", result.StatusTampered},
+		{"canaries missing from an all-pass report", sandbox.Result{ExitCode: 0}, junit(passA, passB), "", result.StatusTampered},
+		{"must-pass canary failed in an all-pass report", sandbox.Result{ExitCode: 1}, junit(passA, passB, c1bad, c2ok), "", result.StatusTampered},
+		{"canaries lost with a broken module are honest", sandbox.Result{ExitCode: 2}, junit(passA), "", result.StatusFailed},
+		{"exit 0 though a canary failed", sandbox.Result{ExitCode: 0}, junit(passA, passB, c1ok, c2ok), "", result.StatusTampered},
+		{"a pass for a test never asked for", sandbox.Result{ExitCode: 1}, junit(passA, passB, c1ok, c2ok, extra), "", result.StatusTampered},
+		{"an error for something not asked for is not", sandbox.Result{ExitCode: 1}, junit(passA, passB, c1ok, c2ok, extraFailed), "", result.StatusPassed},
+		{"no report", sandbox.Result{ExitCode: 0}, nil, "the report does not end with the harness's trailer", result.StatusTampered},
+		{"crash without a report", sandbox.Result{ExitCode: 139}, nil, "no report was sent", result.StatusFailed},
+		{"timeout without a report", sandbox.Result{ExitCode: 137, TimedOut: true}, nil, "", result.StatusTimeout},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			run := c.run
+			p := grade.Tests("tests", grade.Raw{Run: &run, JUnit: c.xml, ReportProblem: c.problem},
+				grade.Expected{IDs: ids, Canaries: canaries, CanaryStyles: styles, Sealed: true})
+			if p.Status != c.status {
+				t.Errorf("status = %s, want %s (detail %q)", p.Status, c.status, p.Detail)
+			}
+		})
+	}
+	r := &result.Result{Phases: []result.Phase{{Name: "apply", Status: "passed"}, {Name: "tests", Status: result.StatusTampered}}}
+	grade.Verdict(r)
+	if r.FailureClass != result.Tampered || !result.IsSubmissionFailure(r.FailureClass) {
+		t.Errorf("class %q: tampering must be its own class and count against the submission", r.FailureClass)
+	}
+}
+
+func TestTaskFaultsAreDecidedWithoutTheSubmission(t *testing.T) {
+	cases := map[string]result.Phase{
+		result.TaskError:        grade.TaskFault("probes/test_x.py:3: syntax error"),
+		result.PatchApplyFailed: grade.Apply(grade.Raw{Run: &sandbox.Result{ExitCode: grade.ExitSetupOverPatch}}),
+		result.Tampered:         grade.Integrity([]tamper.Finding{{File: "a\nb.py", Reason: "the path has control characters"}}),
+	}
+	for want, p := range cases {
+		r := &result.Result{Phases: []result.Phase{p}}
+		grade.Verdict(r)
+		if r.FailureClass != want {
+			t.Errorf("phase %s/%s: class %q, want %q", p.Name, p.Status, r.FailureClass, want)
+		}
 	}
 }

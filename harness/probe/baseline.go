@@ -32,6 +32,7 @@ type Baseline struct {
 type Figures struct {
 	PeakMemoryBytes int64   `json:"peak_memory_bytes"`
 	WallSeconds     float64 `json:"wall_seconds"`
+	CPUSeconds      float64 `json:"cpu_seconds,omitempty"`
 }
 
 // ReadBaseline reads dir/baseline.json; it returns nil, nil when there is none.

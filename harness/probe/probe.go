@@ -48,8 +48,11 @@ type Budget struct {
 	PeakMemory string `yaml:"peak_memory"`
 	// Wall is a factor such as "2x": wall time at most twice gold's.
 	Wall string `yaml:"wall"`
+	// CPU is a factor of gold's CPU time (user and system, every process of the run): unlike
+	// wall time, it hardly moves when other work shares the machine.
+	CPU string `yaml:"cpu"`
 
-	PeakMemoryFactor, WallFactor float64 `yaml:"-"`
+	PeakMemoryFactor, WallFactor, CPUFactor float64 `yaml:"-"`
 }
 
 var (
@@ -139,8 +142,9 @@ func checkBudget(doc *specfile.Doc, i int, p *Probe) {
 	}
 	parse("peak_memory", b.PeakMemory, &b.PeakMemoryFactor)
 	parse("wall", b.Wall, &b.WallFactor)
-	if b.PeakMemory == "" && b.Wall == "" {
-		doc.Errorf(fmt.Sprintf("probes[%d].budget", i), "must set peak_memory or wall")
+	parse("cpu", b.CPU, &b.CPUFactor)
+	if b.PeakMemory == "" && b.Wall == "" && b.CPU == "" {
+		doc.Errorf(fmt.Sprintf("probes[%d].budget", i), "must set peak_memory, wall or cpu")
 	}
 	if p.Category != "memory" && p.Category != "time" {
 		doc.Errorf(fmt.Sprintf("probes[%d].category", i), "a probe with a budget must be in category memory or time, got %q", p.Category)

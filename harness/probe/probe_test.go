@@ -60,7 +60,7 @@ probes:
 		"probes.yaml:5: probes[0].budget.peak_memory: must be a factor",
 		"probes.yaml:5: probes[0].category: a probe with a budget must be in category memory or time",
 		"probes.yaml:6: probes[1].budget.wall: must be at least 1x",
-		"probes.yaml:7: probes[2].budget: must set peak_memory or wall",
+		"probes.yaml:7: probes[2].budget: must set peak_memory, wall or cpu",
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)

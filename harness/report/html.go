@@ -119,9 +119,10 @@ svg.chart{border:1px solid #dde;border-radius:6px;background:#fbfcfe}
 <h1>InfraDev report: {{.S.RunID}}</h1>
 <p>Resolved = the patch applies, every official test passes and every probe passes. Probe rejection
 rate = of the submissions that passed every official test, the share the probes rejected.
+Tampered = caught forging the official tests' outcomes (counted as not resolved).
 Attempts not run or failed by the infrastructure are counted apart.</p>
-<table><tr><th>model</th><th>submitted</th><th>resolved</th><th>resolution rate</th><th>passed official tests</th><th>probe-rejected</th><th>probe rejection rate</th><th>not run / errors</th></tr>
-{{range .S.Models}}<tr><td>{{.Model}}</td><td class="n">{{.SubmittedInstances}}</td><td class="n">{{.ResolvedInstances}}</td><td class="n">{{printf "%.1f%%" (pct .ResolutionRate)}}</td><td class="n">{{.PassedOfficialTests}}</td><td class="n">{{.ProbeRejected}}</td><td class="n">{{printf "%.1f%%" (pct .ProbeRejectionRate)}}</td><td class="n">{{.ErrorInstances}}</td></tr>
+<table><tr><th>model</th><th>submitted</th><th>resolved</th><th>resolution rate</th><th>passed official tests</th><th>probe-rejected</th><th>probe rejection rate</th><th>tampered</th><th>not run / errors</th></tr>
+{{range .S.Models}}<tr><td>{{.Model}}</td><td class="n">{{.SubmittedInstances}}</td><td class="n">{{.ResolvedInstances}}</td><td class="n">{{printf "%.1f%%" (pct .ResolutionRate)}}</td><td class="n">{{.PassedOfficialTests}}</td><td class="n">{{.ProbeRejected}}</td><td class="n">{{printf "%.1f%%" (pct .ProbeRejectionRate)}}</td><td class="n">{{.TamperedInstances}}</td><td class="n">{{.ErrorInstances}}</td></tr>
 {{end}}</table>
 <div class="charts">
 {{range .Charts}}<svg class="chart" id="{{.ID}}" role="img" aria-label="{{.Title}}" width="100%" viewBox="0 0 700 {{.Height}}" preserveAspectRatio="xMinYMin meet">

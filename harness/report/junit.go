@@ -14,11 +14,17 @@ type junitSuites struct {
 }
 
 type junitSuite struct {
-	Name     string      `xml:"name,attr"`
-	Tests    int         `xml:"tests,attr"`
-	Failures int         `xml:"failures,attr"`
-	Errors   int         `xml:"errors,attr"`
-	Cases    []junitCase `xml:"testcase"`
+	Name       string          `xml:"name,attr"`
+	Tests      int             `xml:"tests,attr"`
+	Failures   int             `xml:"failures,attr"`
+	Errors     int             `xml:"errors,attr"`
+	Properties []junitProperty `xml:"properties>property,omitempty"`
+	Cases      []junitCase     `xml:"testcase"`
+}
+
+type junitProperty struct {
+	Name  string `xml:"name,attr"`
+	Value string `xml:"value,attr"`
 }
 
 type junitCase struct {
@@ -35,9 +41,24 @@ type junitMessage struct {
 }
 
 // WriteJUnit writes results as JUnit XML: one suite per attempt with a test case for the
-// verdict and one per graded official test and probe, so CI systems and Bazel show them.
+// verdict and one per graded official test and probe, so CI systems and Bazel show them. With
+// results of more than one attempt, a suite per model comes first, whose properties carry the
+// model's figures (resolved, resolution rate, probe-rejected, tampered, errors).
 func WriteJUnit(w io.Writer, results []*result.Result) error {
 	var out junitSuites
+	if len(results) > 1 {
+		for _, m := range Summarize("", results).Models {
+			out.Suites = append(out.Suites, junitSuite{Name: "model " + m.Model, Properties: []junitProperty{
+				{"submitted", fmt.Sprint(m.SubmittedInstances)},
+				{"resolved", fmt.Sprint(m.ResolvedInstances)},
+				{"resolution_rate", fmt.Sprintf("%.4f", m.ResolutionRate)},
+				{"passed_official_tests", fmt.Sprint(m.PassedOfficialTests)},
+				{"probe_rejected", fmt.Sprint(m.ProbeRejected)},
+				{"tampered", fmt.Sprint(m.TamperedInstances)},
+				{"errors", fmt.Sprint(m.ErrorInstances)},
+			}})
+		}
+	}
 	for _, r := range results {
 		name := r.InstanceID
 		if r.Model != "" {

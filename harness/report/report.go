@@ -37,6 +37,8 @@ type Group struct {
 	PassedOfficialTests int     `json:"passed_official_tests"`
 	ProbeRejected       int     `json:"probe_rejected"`
 	ProbeRejectionRate  float64 `json:"probe_rejection_rate"`
+	// Tampered counts submissions whose official tests' report showed forged outcomes.
+	Tampered int `json:"tampered"`
 }
 
 // ModelSummary is one model's figures.
@@ -53,10 +55,13 @@ type ModelSummary struct {
 	// PassedOfficialTests counts submissions that passed every official test.
 	PassedOfficialTests int `json:"passed_official_tests"`
 	// ProbeRejected counts those of them that a probe rejected.
-	ProbeRejected      int            `json:"probe_rejected"`
-	ProbeRejectionRate float64        `json:"probe_rejection_rate"`
-	FailureClasses     map[string]int `json:"failure_classes"`
-	ProbeCategories    map[string]int `json:"failed_probe_categories"`
+	ProbeRejected      int     `json:"probe_rejected"`
+	ProbeRejectionRate float64 `json:"probe_rejection_rate"`
+	// TamperedInstances counts submissions caught forging outcomes (class tampered): counted
+	// as unresolved, and shown apart.
+	TamperedInstances int            `json:"tampered_instances"`
+	FailureClasses    map[string]int `json:"failure_classes"`
+	ProbeCategories   map[string]int `json:"failed_probe_categories"`
 	// Resource use over the attempts that ran: mean wall time and the largest peak memory.
 	MeanWallSeconds    float64 `json:"mean_wall_seconds"`
 	MaxPeakMemoryBytes int64   `json:"max_peak_memory_bytes"`
@@ -65,6 +70,7 @@ type ModelSummary struct {
 	UnresolvedIDs []string   `json:"unresolved_ids"`
 	EmptyPatchIDs []string   `json:"empty_patch_ids"`
 	ErrorIDs      []string   `json:"error_ids"`
+	TamperedIDs   []string   `json:"tampered_ids"`
 	Instances     []Instance `json:"instances"`
 }
 
@@ -120,6 +126,9 @@ func groups(results []*result.Result, key func(*result.Result) string) []Group {
 		if r.Resolved {
 			g.Resolved++
 		}
+		if r.FailureClass == result.Tampered {
+			g.Tampered++
+		}
 		if t := r.Phase("tests"); t != nil && t.Status == result.StatusPassed {
 			g.PassedOfficialTests++
 			if r.FailureClass == result.ProbesFailed {
@@ -141,7 +150,7 @@ func groups(results []*result.Result, key func(*result.Result) string) []Group {
 func summarizeModel(model string, rs []*result.Result) ModelSummary {
 	ran := 0
 	ms := ModelSummary{Model: model, FailureClasses: map[string]int{}, ProbeCategories: map[string]int{},
-		ResolvedIDs: []string{}, UnresolvedIDs: []string{}, EmptyPatchIDs: []string{}, ErrorIDs: []string{}}
+		ResolvedIDs: []string{}, UnresolvedIDs: []string{}, EmptyPatchIDs: []string{}, ErrorIDs: []string{}, TamperedIDs: []string{}}
 	for _, r := range rs {
 		ms.SubmittedInstances++
 		if r.EmptyPatch {
@@ -150,6 +159,10 @@ func summarizeModel(model string, rs []*result.Result) ModelSummary {
 		}
 		if r.FailureClass != "" {
 			ms.FailureClasses[r.FailureClass]++
+		}
+		if r.FailureClass == result.Tampered {
+			ms.TamperedInstances++
+			ms.TamperedIDs = append(ms.TamperedIDs, r.InstanceID)
 		}
 		switch {
 		case r.Resolved:
@@ -211,6 +224,8 @@ func Verdict(r *result.Result) string {
 		return "not resolved (timeout)"
 	case result.OOM:
 		return "not resolved (out of memory)"
+	case result.Tampered:
+		return "not resolved (tampered)"
 	case result.TaskError:
 		return "not run (task error)"
 	case result.NotRun:
@@ -229,10 +244,10 @@ func ratio(a, b int) float64 {
 // WriteTable writes the human report: one line per model, then one per instance.
 func WriteTable(w io.Writer, s Summary) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "MODEL\tSUBMITTED\tRESOLVED\tRATE\tPASSED TESTS\tPROBE-REJECTED\tREJECTION RATE\tERRORS\n")
+	fmt.Fprintf(tw, "MODEL\tSUBMITTED\tRESOLVED\tRATE\tPASSED TESTS\tPROBE-REJECTED\tREJECTION RATE\tTAMPERED\tERRORS\n")
 	for _, m := range s.Models {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f%%\t%d\t%d\t%.1f%%\t%d\n", m.Model, m.SubmittedInstances, m.ResolvedInstances,
-			100*m.ResolutionRate, m.PassedOfficialTests, m.ProbeRejected, 100*m.ProbeRejectionRate, m.ErrorInstances)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f%%\t%d\t%d\t%.1f%%\t%d\t%d\n", m.Model, m.SubmittedInstances, m.ResolvedInstances,
+			100*m.ResolutionRate, m.PassedOfficialTests, m.ProbeRejected, 100*m.ProbeRejectionRate, m.TamperedInstances, m.ErrorInstances)
 	}
 	fmt.Fprintln(tw)
 	fmt.Fprintf(tw, "MODEL\tINSTANCE\tVERDICT\tREASON\n")

@@ -121,18 +121,18 @@ func bucket(b map[string][]string, t result.TestOutcome) {
 func WriteMarkdown(w io.Writer, s Summary) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# InfraDev report: %s\n\n", s.RunID)
-	b.WriteString("| model | submitted | resolved | resolution rate | passed official tests | probe-rejected | probe rejection rate | not run / errors |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| model | submitted | resolved | resolution rate | passed official tests | probe-rejected | probe rejection rate | tampered | not run / errors |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, m := range s.Models {
-		fmt.Fprintf(&b, "| %s | %d | %d | %.1f%% | %d | %d | %.1f%% | %d |\n", m.Model, m.SubmittedInstances, m.ResolvedInstances,
-			100*m.ResolutionRate, m.PassedOfficialTests, m.ProbeRejected, 100*m.ProbeRejectionRate, m.ErrorInstances)
+		fmt.Fprintf(&b, "| %s | %d | %d | %.1f%% | %d | %d | %.1f%% | %d | %d |\n", m.Model, m.SubmittedInstances, m.ResolvedInstances,
+			100*m.ResolutionRate, m.PassedOfficialTests, m.ProbeRejected, 100*m.ProbeRejectionRate, m.TamperedInstances, m.ErrorInstances)
 	}
 	for _, sec := range []struct {
 		title string
 		gs    []Group
 	}{{"project", s.Projects}, {"prompt variant", s.PromptVariants}} {
-		fmt.Fprintf(&b, "\n| %s | submitted | resolved | resolution rate | probe rejection rate |\n|---|---:|---:|---:|---:|\n", sec.title)
+		fmt.Fprintf(&b, "\n| %s | submitted | resolved | resolution rate | probe rejection rate | tampered |\n|---|---:|---:|---:|---:|---:|\n", sec.title)
 		for _, g := range sec.gs {
-			fmt.Fprintf(&b, "| %s | %d | %d | %.1f%% | %.1f%% |\n", g.Name, g.Submitted, g.Resolved, 100*g.ResolutionRate, 100*g.ProbeRejectionRate)
+			fmt.Fprintf(&b, "| %s | %d | %d | %.1f%% | %.1f%% | %d |\n", g.Name, g.Submitted, g.Resolved, 100*g.ResolutionRate, 100*g.ProbeRejectionRate, g.Tampered)
 		}
 	}
 	b.WriteString("\n| model | failure classes | failed probe categories | mean wall | max peak memory |\n|---|---|---|---:|---:|\n")

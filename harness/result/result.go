@@ -22,6 +22,10 @@ const (
 	ProbesFailed        = "probes_failed"
 	Timeout             = "timeout"
 	OOM                 = "oom"
+	// Tampered means the official tests' outcomes were forged: a canary got the wrong outcome,
+	// the sealed report was missing or broken, or it reported tests that never ran. Counted
+	// against the submission.
+	Tampered = "tampered"
 	// InfraError is a sandbox or harness fault: never counted against the submission.
 	InfraError = "infra_error"
 	// TaskError is a fault of the task itself (e.g. its repository is not at the base commit).
@@ -34,7 +38,7 @@ const (
 // IsSubmissionFailure reports whether a failure class counts against the submission.
 func IsSubmissionFailure(class string) bool {
 	switch class {
-	case PatchApplyFailed, OfficialTestsFailed, ProbesFailed, Timeout, OOM:
+	case PatchApplyFailed, OfficialTestsFailed, ProbesFailed, Timeout, OOM, Tampered:
 		return true
 	}
 	return false
@@ -87,6 +91,8 @@ const (
 	StatusOOM     = "oom"
 	StatusError   = "error"
 	StatusSkipped = "skipped"
+	// StatusTampered is a test phase whose report shows forged outcomes.
+	StatusTampered = "tampered"
 	// OverBudget is a test outcome: the probe passed but used more than its budget.
 	OverBudget = "over_budget"
 )
@@ -103,8 +109,17 @@ type Phase struct {
 	// GPUPeakMemory is the leased GPUs' peak memory use above idle, where GPUs were leased.
 	GPUPeakMemory int64         `json:"gpu_peak_memory_bytes,omitempty"`
 	Tests         []TestOutcome `json:"tests,omitempty"`
-	Log           string        `json:"log,omitempty"`
-	JUnit         string        `json:"junit,omitempty"`
+	// Canaries is the check of the canary tests planted among the official tests.
+	Canaries *Canaries `json:"canaries,omitempty"`
+	Log      string    `json:"log,omitempty"`
+	JUnit    string    `json:"junit,omitempty"`
+}
+
+// Canaries records the canary tests of a phase: how many were planted and those whose
+// outcome was not the one they must get ("test_x (unittest, must fail): passed").
+type Canaries struct {
+	Planted int      `json:"planted"`
+	Wrong   []string `json:"wrong,omitempty"`
 }
 
 // TestOutcome is the graded outcome of one expected test or probe.
@@ -119,6 +134,7 @@ type TestOutcome struct {
 	// Figures of a budgeted probe's own run.
 	PeakMemoryBytes int64   `json:"peak_memory_bytes,omitempty"`
 	WallSeconds     float64 `json:"wall_seconds,omitempty"`
+	CPUSeconds      float64 `json:"cpu_seconds,omitempty"`
 }
 
 // Phase returns the phase with this name, or nil.

@@ -24,6 +24,22 @@ type Retry struct {
 	Max int
 }
 
+// CheckTask checks the task alone (see Runner.CheckTask), when the wrapped Attempter can; an
+// infrastructure fault is retried like an attempt's.
+func (r Retry) CheckTask(ctx context.Context, in Inputs) (string, error) {
+	c, ok := r.Attempter.(interface {
+		CheckTask(context.Context, Inputs) (string, error)
+	})
+	if !ok {
+		return "", nil
+	}
+	fault, err := c.CheckTask(ctx, in)
+	for i := 0; err != nil && ctx.Err() == nil && i < max(r.Max, 1); i++ {
+		fault, err = c.CheckTask(ctx, in)
+	}
+	return fault, err
+}
+
 // Sweep cleans up after attempts of dead processes, when the wrapped Attempter can.
 func (r Retry) Sweep() int {
 	if s, ok := r.Attempter.(interface{ Sweep() int }); ok {

@@ -6,9 +6,14 @@
 package runner
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"math/big"
 	"os"
 	"path"
 	"path/filepath"
@@ -18,12 +23,15 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/bluekeyes/go-gitdiff/gitdiff"
 	"golang.org/x/sys/unix"
 
+	"github.com/infradev/infradev/harness/atomicfile"
+	"github.com/infradev/infradev/harness/canary"
+	"github.com/infradev/infradev/harness/cheat"
 	"github.com/infradev/infradev/harness/digest"
 	"github.com/infradev/infradev/harness/gpu"
 	"github.com/infradev/infradev/harness/grade"
+	"github.com/infradev/infradev/harness/judge"
 	"github.com/infradev/infradev/harness/lease"
 	"github.com/infradev/infradev/harness/logcap"
 	"github.com/infradev/infradev/harness/probe"
@@ -52,6 +60,12 @@ type Inputs struct {
 	GPUs []int
 	// PromptVariant names the prompt the submission was made from (recorded only).
 	PromptVariant string
+	// Cheat names an in-process cheat (package cheat) the harness adds to the submission, as
+	// the code under test would carry it: how validation checks that canaries and probes hold.
+	Cheat string
+	// AllPhases runs the official tests and probes even after a phase fails (the verdict is
+	// the same): validation uses it to see the probes' own judgement of every sample.
+	AllPhases bool
 }
 
 // Runner runs attempts. Hand-wire it in main; tests may give it another Sandbox.
@@ -74,9 +88,14 @@ type Runner struct {
 	GPUs gpu.Nodes
 	// NVML, when set, meters the leased GPUs' memory per phase and watches them for Xid faults.
 	NVML nvml.Interface
+	// TaskChecks is where the outcome of each task's own check (CheckTask) is kept across
+	// processes; empty keeps it in memory only.
+	TaskChecks string
 	// Leases, when set, leases the task's GPUs across processes (file locks) for each
 	// attempt, overriding Inputs.GPUs: concurrent runners never share a GPU.
 	Leases *Leases
+
+	checks sync.Map // task check key -> fault string
 }
 
 // Paths inside the sandbox.
@@ -111,7 +130,12 @@ func (r *Runner) Run(ctx context.Context, in Inputs, out string) (*result.Result
 		return nil, err
 	}
 	res.Inputs = inputs
-	if err := os.WriteFile(filepath.Join(out, "submission.patch"), in.Patch, 0o644); err != nil {
+	// A patch over the limit is refused unread: its run folder keeps its size and digest only.
+	kept, name := in.Patch, "submission.patch"
+	if len(in.Patch) > r.maxPatch() {
+		kept, name = []byte(fmt.Sprintf("refused: %d bytes, %s\n", len(in.Patch), inputs.Patch)), "submission.refused"
+	}
+	if err := os.WriteFile(filepath.Join(out, name), kept, 0o644); err != nil {
 		return nil, fmt.Errorf("run folder: %w", err)
 	}
 	if err := r.attempt(ctx, in, out, res); err != nil {
@@ -174,7 +198,13 @@ func (r *Runner) Digests(in Inputs) (result.Inputs, error) {
 	if err != nil {
 		return result.Inputs{}, err
 	}
-	return result.Inputs{Task: td, Environment: in.Image, Probes: pd, Patch: digest.Bytes(in.Patch), Harness: r.Harness, Hardware: r.hardware()}, nil
+	patch := digest.Bytes(in.Patch)
+	if in.Cheat != "" || in.AllPhases {
+		// A validation run (an added cheat, every phase run) is never the submission's own
+		// result: it is keyed apart.
+		patch = digest.Bytes([]byte(fmt.Sprintf("%s\x00cheat=%s\x00all-phases=%t", patch, in.Cheat, in.AllPhases)))
+	}
+	return result.Inputs{Task: td, Environment: in.Image, Probes: pd, Patch: patch, Harness: r.Harness, Hardware: r.hardware()}, nil
 }
 
 // notAnInput tells the files in task and probe directories that no attempt reads: Bazel's BUILD
@@ -213,6 +243,21 @@ func (l *Leases) excluded() []int {
 // infrastructure fault.
 func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result.Result) error {
 	t := in.Task
+	// Phase 0: a patch over the size limit is refused before anything runs.
+	if max := r.maxPatch(); len(in.Patch) > max {
+		res.Phases = append(res.Phases, result.Phase{Name: "apply", Status: result.StatusFailed,
+			Detail: fmt.Sprintf("the patch is %d bytes, over the %d-byte limit", len(in.Patch), max)})
+		return nil
+	}
+	// The task's own check, decided without the submission and done once per task.
+	fault, err := r.CheckTask(ctx, in)
+	if err != nil {
+		return err
+	}
+	if fault != "" {
+		res.Phases = append(res.Phases, grade.TaskFault(fault))
+		return nil
+	}
 	if n := t.Resources.GPUs.Count; n > 0 && r.Leases != nil {
 		l, err := lease.Acquire(ctx, r.Leases.Dir, r.Leases.Machine, lease.Request{Count: n,
 			MinMemory: uint64(t.Resources.GPUs.MinMemoryBytes), Connected: t.Resources.GPUs.Connected,
@@ -223,108 +268,57 @@ func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result
 		defer l.Release()
 		in.GPUs = l.Indices
 	}
-	if err := os.MkdirAll(r.Scratch, 0o755); err != nil {
-		return err
-	}
-	work, err := os.MkdirTemp(r.Scratch, "attempt-")
+	a, err := r.open(ctx, in)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(work)
-	if err := sandbox.WriteOwner(work); err != nil {
-		return err
-	}
+	defer a.close()
 
-	// Phase 0: static checks of the submission itself; nothing runs for a refused patch.
-	if max := r.maxPatch(); len(in.Patch) > max {
-		res.Phases = append(res.Phases, result.Phase{Name: "apply", Status: result.StatusFailed,
-			Detail: fmt.Sprintf("the patch is %d bytes, over the %d-byte limit", len(in.Patch), max)})
-		return nil
-	}
-	findings, err := tamper.Scan(in.Patch)
+	// Phase 1: the submission applied, the harness's files put back over it, canaries planted.
+	canaries, err := canary.New(nil, officialFiles(t), false)
 	if err != nil {
-		res.Phases = append(res.Phases, result.Phase{Name: "apply", Status: result.StatusFailed,
-			Detail: "the patch is not a valid unified diff: " + err.Error()})
-		return nil
+		return fmt.Errorf("task %s: %w", t.ID, err)
 	}
-	res.Phases = append(res.Phases, grade.Integrity(findings))
-	if len(findings) > 0 {
-		return nil
-	}
-
-	stack, cfg, err := r.Cache.Stack(ctx, in.Layout, in.Image)
-	if err != nil {
-		return fmt.Errorf("environment: %w", err)
-	}
-	staging := filepath.Join(work, "in")
-	if err := r.stage(in, staging); err != nil {
-		return err
-	}
-	// The probes are mounted from a copy of exactly what their digest covers: the given
-	// directory may reach its files through links the sandbox cannot follow (Bazel runfiles),
-	// and the copy cannot change mid-attempt.
-	probes := filepath.Join(work, "probes")
-	if err := copyFiles(in.Probes.Dir, probes, notAnInput); err != nil {
-		return fmt.Errorf("staging probes: %w", err)
-	}
-	ov, err := sandbox.MountOverlay(stack, filepath.Join(work, "root"), t.Resources.DiskBytes)
-	if err != nil {
-		return err
-	}
-	defer ov.Unmount()
-
-	env := append(append([]string{}, cfg.Config.Env...), "PYTHONPATH="+inDir,
-		// PYTHONSAFEPATH: the working directory (the repository) is not put first on sys.path,
-		// so a repository cannot shadow the test runner's own modules.
-		"HOME=/tmp", "PYTHONDONTWRITEBYTECODE=1", "PYTHONHASHSEED=0", "PYTHONSAFEPATH=1",
-		"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", "LC_ALL=C.UTF-8")
-	var devices []sandbox.Device
-	var gpuMounts []sandbox.Mount
-	if len(in.GPUs) > 0 {
-		if r.GPUs == nil {
-			env = append(env, gpu.Visibility(in.GPUs)...)
-		} else {
-			p, err := r.GPUs.Passthrough(in.GPUs)
-			if err != nil {
-				return fmt.Errorf("GPU pass-through: %w", err)
-			}
-			env = append(env, p.Env...)
-			devices, gpuMounts = p.Devices, p.Mounts
+	var ch *cheat.Cheat
+	if in.Cheat != "" {
+		c, err := cheat.Get(in.Cheat)
+		if err != nil {
+			return err
 		}
+		ch = &c
 	}
-	limits := sandbox.Limits{MemoryBytes: t.Resources.MemoryBytes, Pids: int64(t.Resources.Pids), CPUs: t.Resources.CPUs}
-	base := sandbox.Spec{
-		Root:     ov.Merged,
-		Writable: []string{t.Repo.Path},
-		Env:      env,
-		Cwd:      t.Repo.Path,
-		Limits:   limits,
-		Devices:  devices,
-		Mounts:   gpuMounts,
-	}
-
-	// Phase 1: the submission, then the official tests from the harness's copy.
-	raw, err := r.phase(ctx, out, "apply", base, staging, "", []string{"/bin/sh", inDir + "/apply.sh"}, t.Timeouts.ApplyD, nil)
+	ap, findings, err := a.apply(ctx, out, in.Patch, canaries, ch)
 	if err != nil {
 		return err
 	}
-	ap := grade.Apply(raw)
 	res.Phases = append(res.Phases, ap)
 	if ap.Status != result.StatusPassed {
 		return nil
 	}
+	// Phase 2: the static scan of what the patch left on disk.
+	integrity := grade.Integrity(findings)
+	res.Phases = append(res.Phases, integrity)
+	if integrity.Status != result.StatusPassed && !in.AllPhases {
+		return nil
+	}
 
-	// Phase 2: official tests, graded from the JUnit report.
-	tests := pytest(t.Tests.IDs(), "")
-	raw, err = r.phase(ctx, out, "tests", base, staging, "", tests, t.Timeouts.TestsD, in.GPUs)
+	// Phase 3: the official tests with the canaries among them, graded from the sealed report.
+	ids := interleave(t.Tests.IDs(), canaries.IDs())
+	raw, err := a.tests(ctx, out, "tests", ids)
 	if err != nil {
 		return err
 	}
-	res.Phases = append(res.Phases, grade.Tests("tests", raw, grade.Expected{IDs: t.Tests.IDs()}))
+	res.Phases = append(res.Phases, grade.Tests("tests", raw, grade.Expected{IDs: t.Tests.IDs(),
+		Canaries: canaries.Want, CanaryStyles: canaries.Style, Sealed: true}))
+	// The canaries' expected outcomes leave the harness only now, with the raw report, so the
+	// tests phase can be graded again from the run folder.
+	if err := atomicfile.WriteJSON(filepath.Join(out, "raw", "canaries.json"), canaries); err != nil {
+		return err
+	}
 
-	// Phase 3: probes, mounted read-only apart from the repository. Budgeted probes run one
-	// by one, so each one's figures are its own.
-	probesPhase, err := r.probes(ctx, in, out, base, staging, probes)
+	// Phase 4: probes, judged out of process. Budgeted probes run one by one, so each one's
+	// figures are its own.
+	probesPhase, err := a.runProbes(ctx, out, in)
 	if err != nil {
 		return err
 	}
@@ -332,8 +326,222 @@ func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result
 	return nil
 }
 
-func (r *Runner) probes(ctx context.Context, in Inputs, out string, base sandbox.Spec, staging, probesDir string) (result.Phase, error) {
+// officialFiles are the files holding the official tests, sorted.
+func officialFiles(t *task.Task) []string {
+	set := map[string]bool{}
+	for _, id := range t.Tests.IDs() {
+		set[strings.SplitN(id, "::", 2)[0]] = true
+	}
+	out := make([]string, 0, len(set))
+	for f := range set {
+		out = append(out, f)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// interleave puts each extra id at a random place among ids, keeping ids' own order.
+func interleave(ids, extra []string) []string {
+	out := append([]string{}, ids...)
+	for _, e := range extra {
+		n, err := rand.Int(rand.Reader, big.NewInt(int64(len(out)+1)))
+		i := 0
+		if err == nil {
+			i = int(n.Int64())
+		}
+		out = append(out[:i], append([]string{e}, out[i:]...)...)
+	}
+	return out
+}
+
+// attemptEnv is one attempt's sandbox: the overlay over the environment's layers, the probes'
+// copy, the base spec every phase starts from, and the scratch folder.
+type attemptEnv struct {
+	r        *Runner
+	in       Inputs
+	work     string
+	probeDir string
+	ov       *sandbox.Overlay
+	base     sandbox.Spec
+	gpus     []int
+}
+
+// open prepares an attempt's sandbox: scratch, overlay, probes copy, environment, GPUs.
+func (r *Runner) open(ctx context.Context, in Inputs) (*attemptEnv, error) {
 	t := in.Task
+	if err := os.MkdirAll(r.Scratch, 0o755); err != nil {
+		return nil, err
+	}
+	work, err := os.MkdirTemp(r.Scratch, "attempt-")
+	if err != nil {
+		return nil, err
+	}
+	a := &attemptEnv{r: r, in: in, work: work, gpus: in.GPUs}
+	ok := false
+	defer func() {
+		if !ok {
+			a.close()
+		}
+	}()
+	if err := sandbox.WriteOwner(work); err != nil {
+		return nil, err
+	}
+	stack, cfg, err := r.Cache.Stack(ctx, in.Layout, in.Image)
+	if err != nil {
+		return nil, fmt.Errorf("environment: %w", err)
+	}
+	// The probes are mounted from a copy of exactly what their digest covers (the given
+	// directory may reach its files through links the sandbox cannot follow, as Bazel's
+	// runfiles do, and the copy cannot change mid-attempt), readable by root only: the code
+	// under test runs as another user in the probe phases.
+	a.probeDir = filepath.Join(work, "probes")
+	if err := copyFiles(in.Probes.Dir, a.probeDir, notAnInput); err != nil {
+		return nil, fmt.Errorf("staging probes: %w", err)
+	}
+	if err := os.Chmod(a.probeDir, 0o700); err != nil {
+		return nil, err
+	}
+	if a.ov, err = sandbox.MountOverlay(stack, filepath.Join(work, "root"), t.Resources.DiskBytes); err != nil {
+		return nil, err
+	}
+	env := mergeEnv(cfg.Config.Env, "PYTHONPATH="+inDir,
+		// PYTHONSAFEPATH: the working directory (the repository) is not put first on sys.path,
+		// so a repository cannot shadow the test runner's own modules.
+		"HOME=/tmp", "PYTHONDONTWRITEBYTECODE=1", "PYTHONHASHSEED=0", "PYTHONSAFEPATH=1",
+		"PYTHONNOUSERSITE=1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", "LC_ALL=C.UTF-8", "INFRADEV_REPO="+t.Repo.Path)
+	var devices []sandbox.Device
+	var gpuMounts []sandbox.Mount
+	if len(in.GPUs) > 0 {
+		if r.GPUs == nil {
+			env = mergeEnv(env, gpu.Visibility(in.GPUs)...)
+		} else {
+			p, err := r.GPUs.Passthrough(in.GPUs)
+			if err != nil {
+				return nil, fmt.Errorf("GPU pass-through: %w", err)
+			}
+			env = mergeEnv(env, p.Env...)
+			devices, gpuMounts = p.Devices, p.Mounts
+		}
+	}
+	a.base = sandbox.Spec{
+		Root:     a.ov.Merged,
+		Writable: []string{t.Repo.Path},
+		Env:      env,
+		Cwd:      t.Repo.Path,
+		Limits:   sandbox.Limits{MemoryBytes: t.Resources.MemoryBytes, Pids: int64(t.Resources.Pids), CPUs: t.Resources.CPUs},
+		Devices:  devices,
+		Mounts:   gpuMounts,
+	}
+	ok = true
+	return a, nil
+}
+
+func (a *attemptEnv) close() {
+	if a.ov != nil {
+		a.ov.Unmount()
+	}
+	os.RemoveAll(a.work)
+}
+
+// mergeEnv returns env with each KEY=VALUE of over set, replacing any earlier value of KEY:
+// an environment never holds a key twice (which value a program sees would depend on it).
+func mergeEnv(env []string, over ...string) []string {
+	out := []string{}
+	index := map[string]int{}
+	for _, kv := range append(append([]string{}, env...), over...) {
+		k, _, _ := strings.Cut(kv, "=")
+		if i, ok := index[k]; ok {
+			out[i] = kv
+			continue
+		}
+		index[k] = len(out)
+		out = append(out, kv)
+	}
+	return out
+}
+
+// apply runs the setup script over the submission and reads back what the patch left on disk
+// for the static scan. A setup that ran but could not read its changes back is graded here.
+func (a *attemptEnv) apply(ctx context.Context, out string, patch []byte, c *canary.Set, ch *cheat.Cheat) (result.Phase, []tamper.Finding, error) {
+	t := a.in.Task
+	dir := filepath.Join(a.work, "in-apply")
+	if err := stageApply(dir, t, patch, c, ch); err != nil {
+		return result.Phase{}, nil, err
+	}
+	mounts := []sandbox.Mount{{Source: dir, Dest: inDir, ReadOnly: true}}
+	raw, err := a.run(ctx, out, "apply", a.base, mounts, []string{"python3", "-I", inDir + "/apply.py"}, t.Timeouts.ApplyD, false)
+	if err != nil {
+		return result.Phase{}, nil, err
+	}
+	p := grade.Apply(raw)
+	if p.Status != result.StatusPassed {
+		return p, nil, nil
+	}
+	data, err := readLimited(filepath.Join(a.work, "out-apply", "changes.tar"), maxChanges+(16<<20))
+	if err != nil {
+		return result.Phase{}, nil, fmt.Errorf("the setup script's changes.tar: %w", err)
+	}
+	// Kept with the raw results: what the scan read.
+	if err := os.WriteFile(filepath.Join(out, "raw", "changes.tar"), data, 0o644); err != nil {
+		return result.Phase{}, nil, err
+	}
+	changes, err := tamper.ReadChanges(bytes.NewReader(data), maxChanges)
+	if errors.Is(err, tamper.ErrTooLarge) {
+		p.Status, p.Detail = result.StatusFailed, fmt.Sprintf("the patch writes more than %d MiB", maxChanges>>20)
+		return p, nil, nil
+	}
+	if err != nil {
+		return result.Phase{}, nil, err
+	}
+	return p, tamper.Scan(changes), nil
+}
+
+// readLimited reads a file of at most limit bytes.
+func readLimited(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err == nil && int64(len(data)) > limit {
+		err = fmt.Errorf("over %d bytes", limit)
+	}
+	return data, err
+}
+
+// maxChanges bounds what the static scan reads of a patch's files (a small binary delta can
+// write large files).
+const maxChanges = 64 << 20
+
+// tests runs test ids of the repository (official tests and canaries) under the sealed report:
+// their files are collected whole and the report plugin keeps exactly these ids.
+func (a *attemptEnv) tests(ctx context.Context, out, name string, ids []string) (grade.Raw, error) {
+	dir := filepath.Join(a.work, "in-"+name)
+	if err := stageTests(dir, ids); err != nil {
+		return grade.Raw{}, err
+	}
+	mounts := []sandbox.Mount{{Source: dir, Dest: inDir, ReadOnly: true}}
+	var files []string
+	seen := map[string]bool{}
+	for _, id := range ids {
+		if f := strings.SplitN(id, "::", 2)[0]; !seen[f] {
+			seen[f] = true
+			files = append(files, f)
+		}
+	}
+	args := append(pytest(nil, ""), "--infradev-select="+inDir+"/ids.txt")
+	return a.run(ctx, out, name, a.base, mounts, append(args, files...), a.in.Task.Timeouts.TestsD, true)
+}
+
+func (a *attemptEnv) runProbes(ctx context.Context, out string, in Inputs) (result.Phase, error) {
+	t := in.Task
+	dir := filepath.Join(a.work, "in-probes")
+	if err := stageProbes(dir); err != nil {
+		return result.Phase{}, err
+	}
+	spec := a.judgeSpec()
+	mounts := []sandbox.Mount{{Source: dir, Dest: inDir, ReadOnly: true}, {Source: a.probeDir, Dest: probesMount, ReadOnly: true}}
 	var plain []string
 	infos := map[string]grade.ProbeInfo{}
 	for _, p := range in.Probes.Probes {
@@ -344,14 +552,14 @@ func (r *Runner) probes(ctx context.Context, in Inputs, out string, base sandbox
 	}
 	phase := result.Phase{Name: "probes", Status: result.StatusPassed}
 	if len(plain) > 0 {
-		raw, err := r.phase(ctx, out, "probes", base, staging, probesDir, pytest(plain, probesMount), t.Timeouts.ProbesD, in.GPUs)
+		raw, err := a.run(ctx, out, "probes", spec, mounts, pytest(plain, probesMount), t.Timeouts.ProbesD, true)
 		if err != nil {
 			return phase, err
 		}
 		phase = grade.Tests("probes", raw, grade.Expected{IDs: plain, Probes: infos})
 	}
 	for _, p := range in.Probes.Budgeted() {
-		raw, err := r.phase(ctx, out, "probe-"+p.ID, base, staging, probesDir, pytest([]string{p.Test}, probesMount), t.Timeouts.ProbesD, in.GPUs)
+		raw, err := a.run(ctx, out, "probe-"+p.ID, spec, mounts, pytest([]string{p.Test}, probesMount), t.Timeouts.ProbesD, true)
 		if err != nil {
 			return phase, err
 		}
@@ -368,17 +576,28 @@ func (r *Runner) probes(ctx context.Context, in Inputs, out string, base sandbox
 	return phase, nil
 }
 
+// judgeSpec is the probe phases' sandbox: the judge may start its children as another user,
+// and it never has the repository on its import path.
+func (a *attemptEnv) judgeSpec() sandbox.Spec {
+	s := a.base
+	s.Capabilities = []string{"CAP_SETUID", "CAP_SETGID"}
+	s.Env = mergeEnv(s.Env, "PYTHONPATH="+inDir)
+	s.Cwd = probesMount
+	return s
+}
+
 // pytest is the harness-owned test command: no cache, no plugin autoload (set in the
 // environment), the harness's report plugin, JUnit into the report pipe, exactly the expected
-// ids. With root set, ids are relative to it.
+// ids. With root set (probes), ids are relative to it and the judge's plugin guards imports.
 func pytest(ids []string, root string) []string {
 	// -s: output streams to the capped log instead of piling up in pytest's capture files.
+	// --continue-on-collection-errors: a module that fails to import fails its own tests only;
+	// the other ids still run (pytest stops the whole session otherwise).
 	args := []string{"python3", "-m", "pytest", "-p", "no:cacheprovider", "-p", reportPluginName,
-		"-o", "junit_family=xunit1", "--junitxml=/dev/fd/4", "-q", "-rN", "-s"}
+		"-o", "junit_family=xunit1", "--junitxml=/dev/fd/4", "-q", "-rN", "-s", "--continue-on-collection-errors"}
 	if root != "" {
-		// Probes run under the harness's own configuration (probes.ini), never the repository's;
-		// it puts the repository on sys.path once pytest has started, never before.
-		args = append(args, "-c", inDir+"/probes.ini", "--rootdir="+root, "--confcutdir="+root)
+		// Probes run under the harness's own configuration (probes.ini), never the repository's.
+		args = append(args, "-p", judge.LibraryModule, "-c", inDir+"/probes.ini", "--rootdir="+root, "--confcutdir="+root)
 		for _, id := range ids {
 			args = append(args, path.Join(root, id))
 		}
@@ -387,10 +606,12 @@ func pytest(ids []string, root string) []string {
 	return append(args, ids...)
 }
 
-// phase runs one sandboxed command with the staging folder mounted read-only and a fresh,
-// empty output folder, and collects its JUnit report and capped log.
-func (r *Runner) phase(ctx context.Context, out, name string, spec sandbox.Spec, staging, probes string, args []string, timeout time.Duration, gpus []int) (grade.Raw, error) {
-	outHost := filepath.Join(filepath.Dir(staging), "out-"+name)
+// run runs one sandboxed command with the given read-only mounts and a fresh, empty output
+// folder (work/out-<name>), and collects its capped log and, for a sealed phase, the JUnit
+// report that left through the report pipe.
+func (a *attemptEnv) run(ctx context.Context, out, name string, spec sandbox.Spec, mounts []sandbox.Mount, args []string, timeout time.Duration, sealed bool) (grade.Raw, error) {
+	r := a.r
+	outHost := filepath.Join(a.work, "out-"+name)
 	if err := os.Mkdir(outHost, 0o777); err != nil {
 		return grade.Raw{}, err
 	}
@@ -410,7 +631,7 @@ func (r *Runner) phase(ctx context.Context, out, name string, spec sandbox.Spec,
 	spec.Timeout = timeout
 	spec.Stdout, spec.Stderr = log, log
 	var ch *reportChannel
-	if name != "apply" {
+	if sealed {
 		if ch, err = openReportChannel(); err != nil {
 			log.Close()
 			return grade.Raw{}, err
@@ -418,12 +639,9 @@ func (r *Runner) phase(ctx context.Context, out, name string, spec sandbox.Spec,
 		defer ch.close()
 		spec.ExtraFiles = ch.files()
 	}
-	spec.Mounts = append(append([]sandbox.Mount{}, spec.Mounts...),
-		sandbox.Mount{Source: staging, Dest: inDir, ReadOnly: true},
+	spec.Mounts = append(append(append([]sandbox.Mount{}, spec.Mounts...), mounts...),
 		sandbox.Mount{Source: outHost, Dest: outDir})
-	if probes != "" {
-		spec.Mounts = append(spec.Mounts, sandbox.Mount{Source: probes, Dest: probesMount, ReadOnly: true})
-	}
+	gpus := a.gpus
 	var sampler *gpu.Sampler
 	var watch *gpu.Watch
 	if r.NVML != nil && len(gpus) > 0 {
@@ -468,124 +686,6 @@ func (r *Runner) phase(ctx context.Context, out, name string, spec sandbox.Spec,
 	}
 	return raw, nil
 }
-
-// stage writes the read-only inputs of the sandbox: the submission, the official test patch
-// and the setup script.
-func (r *Runner) stage(in Inputs, dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	tp, err := os.ReadFile(in.Task.File(in.Task.Tests.Patch))
-	if err != nil {
-		return fmt.Errorf("task %s: %w", in.Task.ID, err)
-	}
-	paths, err := patchPaths(tp)
-	if err != nil {
-		return fmt.Errorf("task %s: test patch: %w", in.Task.ID, err)
-	}
-	paths = officialPaths(paths, in.Task.Tests.IDs())
-	files := map[string][]byte{
-		"submission.patch":       in.Patch,
-		"tests.patch":            tp,
-		"apply.sh":               []byte(applyScript(in.Task.Repo.BaseCommit, paths)),
-		reportPluginName + ".py": reportPlugin,
-		"probes.ini":             []byte("[pytest]\npythonpath = " + in.Task.Repo.Path + "\n"),
-	}
-	for name, data := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// officialPaths adds the files holding the official tests to the test patch's paths: every one
-// of them is put back as the harness has it, whatever the submission did to it.
-func officialPaths(patchPaths, ids []string) []string {
-	set := map[string]bool{}
-	for _, p := range patchPaths {
-		set[p] = true
-	}
-	for _, id := range ids {
-		set[strings.SplitN(id, "::", 2)[0]] = true
-	}
-	out := make([]string, 0, len(set))
-	for p := range set {
-		out = append(out, p)
-	}
-	sort.Strings(out)
-	return out
-}
-
-// patchPaths lists every path a patch touches (old and new names), sorted.
-func patchPaths(p []byte) ([]string, error) {
-	files, _, err := gitdiff.Parse(strings.NewReader(string(p)))
-	if err != nil {
-		return nil, err
-	}
-	set := map[string]bool{}
-	for _, f := range files {
-		for _, n := range []string{f.OldName, f.NewName} {
-			if n == "" {
-				continue
-			}
-			if !filepath.IsLocal(n) {
-				return nil, fmt.Errorf("path %q is outside the repository", n)
-			}
-			set[n] = true
-		}
-	}
-	out := make([]string, 0, len(set))
-	for n := range set {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out, nil
-}
-
-// runnerConfig are files that configure the test runner or the interpreter from inside the
-// repository. A submission's versions are set back to base (or removed): they could load
-// plugins or hooks that rewrite outcomes. The official test patch may still ship its own.
-var runnerConfig = []string{"conftest.py", "sitecustomize.py", "usercustomize.py",
-	"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"}
-
-// applyScript checks the repository is at base, applies the submission all-or-nothing, sets
-// runner configuration back to base, then resets every official test file and every path of
-// the official test patch to base (or removes it) and applies that patch.
-func applyScript(base string, testPaths []string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, `set -u
-export GIT_CEILING_DIRECTORIES=/ GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null
-head=$(git rev-parse HEAD) || exit %[2]d
-[ "$head" = %[1]s ] || { echo "repository is at $head, not at the base commit %[1]s"; exit %[2]d; }
-git reset -q || exit %[2]d
-if [ -s %[3]s/submission.patch ]; then
-  git apply --check --verbose %[3]s/submission.patch || exit %[4]d
-  git apply %[3]s/submission.patch || exit %[4]d
-fi
-`, base, grade.ExitNotAtBase, inDir, grade.ExitPatchDoesNotApply)
-	var names []string
-	for _, n := range runnerConfig {
-		names = append(names, "-name "+shellQuote(n))
-	}
-	fmt.Fprintf(&b, `find . -path ./.git -prune -o ! -type d \( %[1]s \) -print | while IFS= read -r f; do
-  f=${f#./}
-  if git cat-file -e %[2]s:"$f" 2>/dev/null; then git checkout -q %[2]s -- "$f"; else rm -f -- "$f"; fi || exit %[3]d
-done || exit %[3]d
-git ls-tree -r --name-only %[2]s | { grep -E '(^|/)(%[4]s)$' || true; } | while IFS= read -r f; do
-  git checkout -q %[2]s -- "$f" || exit %[3]d
-done || exit %[3]d
-`, strings.Join(names, " -o "), base, grade.ExitTestsDoNotApply, strings.ReplaceAll(strings.Join(runnerConfig, "|"), ".", `\.`))
-	for _, p := range testPaths {
-		q := shellQuote(p)
-		fmt.Fprintf(&b, "rm -rf -- %s\nif git cat-file -e %s:%s 2>/dev/null; then git checkout -q %s -- %s || exit %d; fi\n",
-			q, base, q, base, q, grade.ExitTestsDoNotApply)
-	}
-	fmt.Fprintf(&b, "git apply %s/tests.patch || exit %d\n", inDir, grade.ExitTestsDoNotApply)
-	return b.String()
-}
-
-func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // copyFiles copies the tree at src to dst, reading links to files as the files they point to
 // and leaving out what skip names: exactly what digest.Files hashes.

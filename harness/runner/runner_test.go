@@ -61,12 +61,15 @@ type caseSpec struct {
 	archive           *txtar.Archive
 	binary            string
 	huge              int
+	// attributes are written to .git/info/attributes when the case's diff is made (e.g.
+	// "*.py binary" sends Python sources as binary literals); link is "path -> target".
+	attributes, link string
 }
 
 func loadCases(t *testing.T) []caseSpec {
 	files, err := filepath.Glob("testdata/adversarial/*.txtar")
-	if err != nil || len(files) < 25 {
-		t.Fatalf("adversarial cases: %d files (%v), want at least 25", len(files), err)
+	if err != nil || len(files) < 50 {
+		t.Fatalf("adversarial cases: %d files (%v), want at least 50", len(files), err)
 	}
 	var out []caseSpec
 	for _, f := range files {
@@ -89,6 +92,10 @@ func loadCases(t *testing.T) []caseSpec {
 				c.binary = v
 			case "huge":
 				c.huge, _ = strconv.Atoi(v)
+			case "attributes":
+				c.attributes = v
+			case "link":
+				c.link = v
 			case "checks":
 				for _, ch := range strings.Split(v, ",") {
 					c.checks[strings.TrimSpace(ch)] = true
@@ -142,8 +149,13 @@ func patchFor(t *testing.T, c caseSpec, port int) []byte {
 	case "empty":
 		return nil
 	}
+	var appended []byte
 	for _, f := range c.archive.Files {
 		name := f.Name
+		if name == "append.patch" { // raw diff text added after the generated diff
+			appended = f.Data
+			continue
+		}
 		if rest, ok := strings.CutPrefix(name, "delete:"); ok {
 			if err := os.Remove(filepath.Join(dir, rest)); err != nil {
 				t.Fatal(err)
@@ -162,8 +174,22 @@ func patchFor(t *testing.T, c caseSpec, port int) []byte {
 		rand.Read(blob)
 		os.WriteFile(filepath.Join(dir, c.binary), blob, 0o644)
 	}
+	if c.link != "" {
+		name, target, _ := strings.Cut(c.link, " -> ")
+		if err := os.Symlink(target, filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c.attributes != "" {
+		if err := os.WriteFile(filepath.Join(dir, ".git", "info", "attributes"), []byte(c.attributes+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	git("", "add", "-A")
-	return []byte(git("", "diff", "--cached", "--binary"))
+	if c.binary != "" {
+		git("", "add", "-f", c.binary) // even where .gitignore would leave it out
+	}
+	return append([]byte(git("", "diff", "--cached", "--binary")), appended...)
 }
 
 // TestAdversarialSuite runs every case in testdata/adversarial through the real runner and

@@ -25,7 +25,7 @@ const Schema = "infradev.samples/v1"
 const File = "samples.yaml"
 
 // Wants are the verdicts a sample may be built to get.
-var Wants = []string{"resolved", result.PatchApplyFailed, result.OfficialTestsFailed, result.ProbesFailed}
+var Wants = []string{"resolved", result.PatchApplyFailed, result.OfficialTestsFailed, result.ProbesFailed, result.Tampered}
 
 // Set is a task's samples.
 type Set struct {

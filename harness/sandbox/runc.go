@@ -195,7 +195,7 @@ func ociConfig(s Spec, cgroupsPath string) *specs.Spec {
 	if cwd == "" {
 		cwd = "/"
 	}
-	caps := []string{"CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"}
+	caps := append([]string{"CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"}, s.Capabilities...)
 	tmpSize := s.Limits.TmpSize
 	if tmpSize == 0 {
 		tmpSize = 256 << 20

@@ -43,6 +43,10 @@ type Spec struct {
 	// Devices are character devices put into the sandbox; the device cgroup allows exactly
 	// these beyond the runtime's defaults.
 	Devices []Device
+	// Capabilities are added to the runtime's few defaults (CAP_AUDIT_WRITE, CAP_KILL,
+	// CAP_NET_BIND_SERVICE), e.g. CAP_SETUID and CAP_SETGID for a command that must run its
+	// children as another user.
+	Capabilities []string
 	// ExtraFiles are passed to the command as file descriptors 3, 4, ...; Run closes them once
 	// the command has started, so pipes given here see EOF when the command ends.
 	ExtraFiles []*os.File

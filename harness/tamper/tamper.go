@@ -1,23 +1,34 @@
-// Package tamper owns the static integrity check of a submission: a patch whose non-test code
-// reaches for the test runner or the harness (pytest internals, JUnit reports, the harness's
-// mount points), or that ships modules shadowing the test runner, is refused before it runs.
-// Code under test runs inside the test runner's process, so such a patch could otherwise
-// rewrite outcomes after the fact; this check is what keeps in-process tampering visible.
+// Package tamper owns the static integrity check of a submission: it reads what the patch
+// actually left on disk after `git apply` (every file it added or changed outside the paths the
+// harness puts back, binary ones included, with the base version beside it), so the scan and git
+// can never disagree about which file is which. A file that names the test runner or the harness
+// in code, shadows the test runner, links out of the repository, carries compiled code the scan
+// cannot read, hides its text behind a source encoding, or has a path with control characters,
+// is refused before any of the submission's code runs.
+//
+// The scan is a cheap first filter, not the defence: code can build any name at run time.
+// Verdicts rest on canaries among the official tests and on probes judged out of process.
 package tamper
 
 import (
+	"archive/tar"
+	"bytes"
+	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
 	"path"
 	"regexp"
+	"sort"
 	"strings"
-
-	"github.com/bluekeyes/go-gitdiff/gitdiff"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Finding is one reason a patch is refused.
 type Finding struct {
 	File   string
-	Line   int64 // line in the new file; 0 for whole-file findings
+	Line   int // line in the new file; 0 for whole-file findings
 	Reason string
 }
 
@@ -28,91 +39,211 @@ func (f Finding) String() string {
 	return f.File + ": " + f.Reason
 }
 
-// shadowing are module names a repository must not provide: they would replace the runner.
-var shadowing = map[string]bool{"pytest": true, "_pytest": true, "pluggy": true, "py": true}
+// Change is one path the submission left changed on disk.
+type Change struct {
+	Path string
+	// Data is the new content (a link's target for links); nil for a deleted path.
+	Data []byte
+	// Base is the content at the base commit, nil when the path is new.
+	Base    []byte
+	Link    bool
+	Deleted bool
+}
 
-// harnessRef matches code that reaches for the runner or the harness.
-var harnessRef = regexp.MustCompile(`_pytest|\bpytest\b|junit|/run/infradev|PYTEST_|pytest_[a-z_]+\s*\(`)
+// ErrTooLarge is returned when the changes exceed the limit the setup script was given.
+var ErrTooLarge = errors.New("the patch writes more than the harness reads for its scan")
 
-// Scan checks a unified diff. Test files (test_*.py, *_test.py, conftest.py, files under a
-// tests/ or test/ directory) may use pytest; other Python files may not mention it.
-func Scan(patch []byte) ([]Finding, error) {
-	files, _, err := gitdiff.Parse(strings.NewReader(string(patch)))
-	if err != nil {
-		return nil, err
+// ReadChanges reads changes.tar as the setup script writes it (members named by the hex of the
+// path's bytes: n/ new content, l/ link target, b/ base content, d/ deleted; "over" when the
+// limit was reached). It reads at most limit bytes of content.
+func ReadChanges(r io.Reader, limit int64) ([]Change, error) {
+	tr := tar.NewReader(r)
+	byPath := map[string]*Change{}
+	var total int64
+	get := func(p string) *Change {
+		c := byPath[p]
+		if c == nil {
+			c = &Change{Path: p}
+			byPath[p] = c
+		}
+		return c
 	}
-	var out []Finding
-	for _, f := range files {
-		name := f.NewName
-		if f.IsDelete || name == "" {
-			continue
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
 		}
-		if mod := topModule(name); shadowing[mod] {
-			out = append(out, Finding{File: name, Reason: fmt.Sprintf("provides module %q, which would shadow the test runner", mod)})
-			continue
+		if err != nil {
+			return nil, fmt.Errorf("changes: %w", err)
 		}
-		if isTestFile(name) || !isCode(name) {
-			continue
+		if h.Name == "over" {
+			return nil, ErrTooLarge
 		}
-		for _, frag := range f.TextFragments {
-			line := frag.NewPosition
-			for _, l := range frag.Lines {
-				if l.Op == gitdiff.OpAdd && harnessRef.MatchString(l.Line) {
-					out = append(out, Finding{File: name, Line: line,
-						Reason: fmt.Sprintf("non-test code refers to the test runner or harness (%q)", harnessRef.FindString(l.Line))})
-				}
-				if l.Op != gitdiff.OpDelete {
-					line++
-				}
-			}
+		kind, hexPath, ok := strings.Cut(h.Name, "/")
+		raw, err := hex.DecodeString(hexPath)
+		if !ok || err != nil || len(raw) == 0 {
+			return nil, fmt.Errorf("changes: bad member %q", h.Name)
+		}
+		if total += h.Size; total > limit {
+			return nil, ErrTooLarge
+		}
+		data, err := io.ReadAll(io.LimitReader(tr, h.Size))
+		if err != nil {
+			return nil, fmt.Errorf("changes: %w", err)
+		}
+		c := get(string(raw))
+		switch kind {
+		case "n":
+			c.Data = data
+		case "l":
+			c.Data, c.Link = data, true
+		case "b":
+			c.Base = data
+		case "d":
+			c.Deleted = true
+		default:
+			return nil, fmt.Errorf("changes: bad member %q", h.Name)
 		}
 	}
+	out := make([]Change, 0, len(byPath))
+	for _, c := range byPath {
+		out = append(out, *c)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return out, nil
 }
 
-// topModule is the Python module a path would provide from any directory on sys.path:
-// "pytest.py" and "src/_pytest/x.py" give "pytest" and "_pytest" (the last path element that
-// could be imported by that name).
-func topModule(p string) string {
-	base := path.Base(p)
-	if strings.HasSuffix(base, ".py") {
-		if base == "__init__.py" {
-			return path.Base(path.Dir(p))
+// shadowing are module names a repository must not provide: they would replace the runner.
+var shadowing = map[string]bool{"pytest": true, "_pytest": true, "pluggy": true, "py": true, "infradev_report": true, "infradev_probe": true}
+
+// harnessRef matches code that reaches for the runner or the harness.
+var harnessRef = regexp.MustCompile(`_pytest|\bpytest\b|junit|/run/infradev|infradev_report|infradev_probe|PYTEST_|\bpluggy\b|pytest_[a-z_]+\s*\(`)
+
+// codingRe is PEP 263's source-encoding declaration.
+var codingRe = regexp.MustCompile(`^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)`)
+
+// readableEncodings are the source encodings whose ASCII the scan reads as Python does.
+var readableEncodings = map[string]bool{"utf-8": true, "utf8": true, "ascii": true, "us-ascii": true,
+	"latin-1": true, "latin1": true, "iso-8859-1": true, "iso8859-1": true, "l1": true, "utf-8-sig": true}
+
+// Scan checks what the submission left on disk. Every path here is the submission's: the
+// harness-owned paths (official tests, test roots, runner configuration) were put back first.
+func Scan(changes []Change) []Finding {
+	var out []Finding
+	for _, c := range changes {
+		if f, bad := badPath(c.Path); bad {
+			out = append(out, f)
+			continue
 		}
-		for _, dir := range strings.Split(path.Dir(p), "/") {
-			if shadowing[dir] {
-				return dir
+		if c.Deleted {
+			continue
+		}
+		if mod := topModule(c.Path); shadowing[mod] {
+			out = append(out, Finding{File: c.Path, Reason: fmt.Sprintf("provides module %q, which would shadow the test runner", mod)})
+			continue
+		}
+		if c.Link {
+			target := string(c.Data)
+			if path.IsAbs(target) || !isLocal(path.Join(path.Dir(c.Path), target)) {
+				out = append(out, Finding{File: c.Path, Reason: fmt.Sprintf("is a link out of the repository (to %q)", target)})
 			}
+			continue
 		}
-		return strings.TrimSuffix(base, ".py")
+		if why := compiled(c.Path, c.Data); why != "" {
+			out = append(out, Finding{File: c.Path, Reason: why})
+			continue
+		}
+		if !isCode(c.Path, c.Data) {
+			continue
+		}
+		out = append(out, scanSource(c)...)
 	}
+	return out
+}
+
+func badPath(p string) (Finding, bool) {
+	if !utf8.ValidString(p) {
+		return Finding{File: fmt.Sprintf("%q", p), Reason: "the path is not valid UTF-8"}, true
+	}
+	for _, r := range p {
+		if unicode.IsControl(r) {
+			return Finding{File: fmt.Sprintf("%q", p), Reason: "the path has control characters"}, true
+		}
+	}
+	return Finding{}, false
+}
+
+// scanSource reports added lines of a Python source that refer to the runner or the harness.
+// Lines also present in the base version (the file's own history) are not the submission's.
+func scanSource(c Change) []Finding {
+	var out []Finding
+	lines := strings.Split(string(c.Data), "\n")
+	for i, l := range lines[:min(2, len(lines))] {
+		if m := codingRe.FindStringSubmatch(l); m != nil && !readableEncodings[strings.ToLower(strings.ReplaceAll(m[1], "_", "-"))] {
+			out = append(out, Finding{File: c.Path, Line: i + 1, Reason: fmt.Sprintf("declares source encoding %q, which the scan cannot read", m[1])})
+		}
+	}
+	old := map[string]int{}
+	for _, l := range strings.Split(string(c.Base), "\n") {
+		old[l]++
+	}
+	for i, l := range lines {
+		if old[l] > 0 {
+			old[l]--
+			continue
+		}
+		if m := harnessRef.FindString(l); m != "" {
+			out = append(out, Finding{File: c.Path, Line: i + 1, Reason: fmt.Sprintf("code refers to the test runner or harness (%q)", m)})
+		}
+	}
+	return out
+}
+
+// compiled says why a file holds code the scan cannot read (byte-code, native objects), or "".
+func compiled(p string, data []byte) string {
+	switch ext := path.Ext(p); ext {
+	case ".pyc", ".pyo", ".so", ".pyd", ".dylib":
+		return fmt.Sprintf("ships compiled code (%s), which the scan cannot read", ext)
+	}
+	if bytes.HasPrefix(data, []byte("\x7fELF")) {
+		return "ships a native executable or library, which the scan cannot read"
+	}
+	return ""
+}
+
+// topModule is the Python module a path would provide from any directory on sys.path:
+// "pytest.py" and "src/_pytest/x.py" give "pytest" and "_pytest".
+func topModule(p string) string {
 	for _, dir := range strings.Split(path.Dir(p), "/") {
 		if shadowing[dir] {
 			return dir
 		}
 	}
+	base := path.Base(p)
+	if base == "__init__.py" {
+		return path.Base(path.Dir(p))
+	}
+	for _, ext := range []string{".py", ".pyi", ".pth"} {
+		if strings.HasSuffix(base, ext) {
+			return strings.TrimSuffix(base, ext)
+		}
+	}
 	return ""
 }
 
-// isCode reports whether a file can run inside the test process (Python sources, .pth files).
-func isCode(p string) bool {
-	for _, ext := range []string{".py", ".pyi", ".pth", ".pyx"} {
+// isCode reports whether a file can run inside the test process: Python sources and path
+// files, and scripts whose first line names Python.
+func isCode(p string, data []byte) bool {
+	for _, ext := range []string{".py", ".pyi", ".pth", ".pyx", ".pyw"} {
 		if strings.HasSuffix(p, ext) {
 			return true
 		}
 	}
-	return false
+	first, _, _ := bytes.Cut(data, []byte("\n"))
+	return bytes.HasPrefix(first, []byte("#!")) && bytes.Contains(first, []byte("python"))
 }
 
-func isTestFile(p string) bool {
-	base := path.Base(p)
-	if base == "conftest.py" || strings.HasPrefix(base, "test_") || strings.HasSuffix(base, "_test.py") {
-		return true
-	}
-	for _, dir := range strings.Split(path.Dir(p), "/") {
-		if dir == "tests" || dir == "test" {
-			return true
-		}
-	}
-	return false
+func isLocal(p string) bool {
+	p = path.Clean(p)
+	return p != ".." && !strings.HasPrefix(p, "../") && !path.IsAbs(p)
 }

@@ -18,4 +18,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:6178e846020e5687fafa750bb91cbb10ab116a81b662ebd96292cfaf94d353b7"
+HARNESS_DIGEST = "sha256:c9a09b7b195f2db39913ba1a5b707fc0dc69676d562d7052eb82d48bcd87dfb8"

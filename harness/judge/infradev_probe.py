@@ -1,0 +1,380 @@
+"""Out-of-process probes: the judging side.
+
+A probe is a pytest test whose process (the judge) decides pass or fail. The judge never
+imports the task's repository: the code under test may rewrite anything in the process that
+imports it (assertion helpers, the test runner, the report). So a probe sends a short driver
+program to a child process, the child runs the code under test and sends back plain data
+(JSON values, numpy arrays as raw bytes), and the judge checks that data with its own
+assertions and reference values.
+
+The child runs as another user (nobody) that cannot read the probes, their expected values
+or this file's caller; it gets a fresh stdin, inherits only its result pipe, and is killed
+with everything it started when its time is up. Whatever the child sends is untrusted data:
+it is decoded, never unpickled or executed.
+
+    from infradev_probe import run
+
+    def test_state_dict_is_a_snapshot():
+        out = run('''
+            from minitron.optimizer import Adam
+            ...
+            emit(before=a, after=b)
+        ''')
+        np.testing.assert_array_equal(out["before"], out["after"])
+
+In the driver, ``ARGS`` holds the ``args`` given to ``run`` and ``emit(**values)`` records
+values to send back (JSON types, numpy arrays and scalars, torch tensors, bytes, nested in
+dicts with string keys and lists). ``run`` returns them as a dict; arrays come back as numpy
+arrays. If the driver raises, or the child dies before it finishes, ``run`` raises
+``ChildFailed`` (an AssertionError: the probe fails) with the child's traceback.
+
+Loaded as a pytest plugin (``-p infradev_probe``), this module also keeps the judge honest:
+it refuses any import that would load a module from the task's repository.
+"""
+
+import base64
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+__all__ = ["run", "ChildFailed", "ChildTimeout", "workdir", "repo"]
+
+# The user the code under test runs as: it owns nothing and can read only what is world-readable.
+CHILD_UID = 65534
+CHILD_GID = 65534
+# The most a child may send back.
+MAX_RESULT_BYTES = 256 << 20
+_ALLOWED_KINDS = "biufc"  # bool, int, uint, float, complex: no object arrays
+
+
+class ChildFailed(AssertionError):
+    """The code under test raised, or its process ended without sending a result."""
+
+
+class ChildTimeout(ChildFailed):
+    """The child ran past its time limit and was killed."""
+
+
+def repo():
+    """The task repository's path (where the child runs)."""
+    path = os.environ.get("INFRADEV_REPO")
+    if not path:
+        raise RuntimeError("INFRADEV_REPO is not set: probes run only under the harness")
+    return path
+
+
+def workdir(prefix="probe-"):
+    """A fresh directory the child may write to (world-writable, under /tmp)."""
+    path = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    os.chmod(path, 0o1777)
+    return path
+
+
+def run(code, args=None, *, timeout=300, env=None):
+    """Runs ``code`` in a child process over the task's repository and returns what it emitted.
+
+    ``args`` (JSON values and numpy arrays) is available to the driver as ``ARGS``; ``env``
+    adds environment variables. The child is killed after ``timeout`` seconds.
+    """
+    payload = json.dumps({"code": textwrap.dedent(code), "args": _encode(args or {})}).encode()
+    child_env = _child_env(env)
+    read_fd, write_fd = os.pipe()
+    os.set_inheritable(write_fd, True)
+    kwargs = {}
+    if os.geteuid() == 0:
+        kwargs.update(user=CHILD_UID, group=CHILD_GID, extra_groups=[])
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _BOOT, str(write_fd)],
+            stdin=subprocess.PIPE,
+            cwd=repo(),
+            env=child_env,
+            pass_fds=(write_fd,),
+            start_new_session=True,
+            **kwargs,
+        )
+    except BaseException:
+        os.close(read_fd)
+        os.close(write_fd)
+        raise
+    os.close(write_fd)
+    deadline = time.monotonic() + timeout
+    header, data, timed_out = b"", b"", False
+    try:
+        try:
+            proc.stdin.write(payload)
+            proc.stdin.close()
+        except OSError:
+            pass
+        # The result is a length and that many bytes: processes the child leaves behind may
+        # hold the pipe open, so the end of the result is not the end of the pipe.
+        header = _read_exactly(read_fd, 8, deadline, proc)
+        if header is None:
+            timed_out = True
+        elif len(header) == 8:
+            size = int.from_bytes(header, "big")
+            if size > MAX_RESULT_BYTES:
+                raise ChildFailed(f"the child sent a result of {size} bytes, over {MAX_RESULT_BYTES}")
+            data = _read_exactly(read_fd, size, deadline, proc)
+            if data is None:
+                timed_out = True
+        if not timed_out:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+    finally:
+        os.close(read_fd)
+        _kill(proc)
+    if timed_out:
+        raise ChildTimeout(f"the code under test ran past {timeout}s and was killed")
+    if not header:
+        raise ChildFailed(f"the child exited {_status(proc.returncode)} without sending a result")
+    if len(header) < 8 or len(data) != int.from_bytes(header, "big"):
+        raise ChildFailed(f"the child exited {_status(proc.returncode)} in the middle of sending its result")
+    return _result(data)
+
+
+def _read_exactly(fd, n, deadline, proc):
+    """Reads n bytes from fd; fewer if it ends first or the child exits with nothing more
+    sent (what it left behind may keep the pipe open); None if the deadline passes."""
+    buf = bytearray()
+    while len(buf) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        ready, _, _ = select.select([fd], [], [], min(left, 0.5))
+        if not ready:
+            if proc.poll() is not None and not select.select([fd], [], [], 0)[0]:
+                break
+            continue
+        chunk = os.read(fd, min(n - len(buf), 1 << 20))
+        if not chunk:
+            break
+        buf += chunk
+    return bytes(buf)
+
+
+def _child_env(extra):
+    env = {k: v for k, v in os.environ.items()
+           if not (k.startswith("INFRADEV_") or k.startswith("PYTEST_") or k in _JUDGE_ONLY)}
+    env.update({
+        "PYTHONPATH": repo(),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONNOUSERSITE": "1",
+        "PYTHONHASHSEED": env.get("PYTHONHASHSEED", "0"),
+        "HOME": "/tmp",
+        "TMPDIR": "/tmp",
+    })
+    env.update({str(k): str(v) for k, v in (extra or {}).items()})
+    return env
+
+
+_JUDGE_ONLY = {"PYTHONPATH", "PYTHONSAFEPATH", "PYTHONSTARTUP"}
+
+
+def _kill(proc):
+    """Kills the child and everything it started in its session."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _result(data):
+    try:
+        msg = json.loads(data)
+    except ValueError as e:
+        raise ChildFailed(f"the child sent something that is not JSON: {e}") from None
+    if not isinstance(msg, dict) or msg.get("ok") not in (True, False):
+        raise ChildFailed("the child sent a malformed result")
+    if not msg["ok"]:
+        raise ChildFailed("the code under test raised:\n" + str(msg.get("error", ""))[:20000])
+    values = _decode(msg.get("values"))
+    if not isinstance(values, dict):
+        raise ChildFailed("the child sent a malformed result")
+    return values
+
+
+def _status(code):
+    if code is None:
+        return "(still running)"
+    if code < 0:
+        return f"on signal {-code}"
+    return str(code)
+
+
+def _encode(v):
+    """Encodes the judge's args for the child (the same format the child uses for results)."""
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is not None and isinstance(v, np.ndarray):
+        return {"__nd__": [v.dtype.str, list(v.shape), base64.b64encode(np.ascontiguousarray(v).tobytes()).decode()]}
+    if np is not None and isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, dict):
+        return {str(k): _encode(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_encode(x) for x in v]
+    if isinstance(v, bytes):
+        return {"__bytes__": base64.b64encode(v).decode()}
+    return v
+
+
+def _decode(v):
+    if isinstance(v, list):
+        return [_decode(x) for x in v]
+    if not isinstance(v, dict):
+        return v
+    if set(v) == {"__nd__"}:
+        return _array(v["__nd__"])
+    if set(v) == {"__bytes__"}:
+        return base64.b64decode(v["__bytes__"], validate=True)
+    return {k: _decode(x) for k, x in v.items()}
+
+
+def _array(spec):
+    import numpy as np
+
+    try:
+        dtype_str, shape, b64 = spec
+        dtype = np.dtype(dtype_str)
+        shape = tuple(int(n) for n in shape)
+        raw = base64.b64decode(b64, validate=True)
+    except (TypeError, ValueError) as e:
+        raise ChildFailed(f"the child sent a malformed array: {e}") from None
+    if dtype.kind not in _ALLOWED_KINDS or dtype.hasobject:
+        raise ChildFailed(f"the child sent an array of dtype {dtype}, which is not plain data")
+    count = 1
+    for n in shape:
+        if n < 0:
+            raise ChildFailed("the child sent an array with a negative dimension")
+        count *= n
+    if count * dtype.itemsize != len(raw):
+        raise ChildFailed("the child sent an array whose bytes do not match its shape")
+    return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+
+
+# The child's side: read the driver and its args from stdin, run it, send the emitted values
+# (or the traceback) through the result pipe. It runs inside the code under test's process, so
+# nothing here is trusted: the judge checks what arrives.
+_BOOT = r'''
+import base64, json, os, sys, traceback
+_fd = int(sys.argv[1])
+_msg = json.loads(sys.stdin.buffer.read())
+sys.stdin.close()
+del sys.argv[1:]
+
+def _dec(v):
+    if isinstance(v, list):
+        return [_dec(x) for x in v]
+    if not isinstance(v, dict):
+        return v
+    if set(v) == {"__nd__"}:
+        import numpy as np
+        dt, shape, b64 = v["__nd__"]
+        return np.frombuffer(base64.b64decode(b64), dtype=np.dtype(dt)).reshape(shape).copy()
+    if set(v) == {"__bytes__"}:
+        return base64.b64decode(v["__bytes__"])
+    return {k: _dec(x) for k, x in v.items()}
+
+def _enc(v):
+    np = sys.modules.get("numpy")
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(v, torch.Tensor):
+        t = v.detach().cpu()
+        if t.dtype in (torch.bfloat16, torch.float16) or not t.is_contiguous():
+            t = t.float() if t.dtype in (torch.bfloat16, torch.float16) else t.contiguous()
+        v = t.numpy()
+    if np is not None and isinstance(v, np.ndarray):
+        if v.dtype.kind not in "biufc":
+            raise TypeError("emit: only numeric or boolean arrays can be sent, got dtype %s" % v.dtype)
+        return {"__nd__": [v.dtype.str, list(v.shape), base64.b64encode(np.ascontiguousarray(v).tobytes()).decode()]}
+    if np is not None and isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, dict):
+        out = {}
+        for k, x in v.items():
+            if not isinstance(k, str):
+                raise TypeError("emit: dict keys must be strings, got %r" % (k,))
+            out[k] = _enc(x)
+        return out
+    if isinstance(v, (list, tuple)):
+        return [_enc(x) for x in v]
+    if isinstance(v, bytes):
+        return {"__bytes__": base64.b64encode(v).decode()}
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    raise TypeError("emit: cannot send a %s" % type(v).__name__)
+
+_values = {}
+
+def emit(**kw):
+    _values.update(kw)
+
+def _send(obj):
+    data = json.dumps(obj).encode()
+    view = memoryview(len(data).to_bytes(8, "big") + data)
+    while view:
+        n = os.write(_fd, view)
+        view = view[n:]
+
+_g = {"__name__": "__probe_driver__", "ARGS": _dec(_msg["args"]), "emit": emit}
+try:
+    exec(compile(_msg["code"], "<probe driver>", "exec"), _g)
+    _out = {"ok": True, "values": _enc(_values)}
+except BaseException:
+    _out = {"ok": False, "error": traceback.format_exc()}
+try:
+    sys.stdout.flush()
+    sys.stderr.flush()
+except Exception:
+    pass
+_send(_out)
+os._exit(0)
+'''
+
+
+# As a pytest plugin: the judge must never load the repository's code. Any import that would
+# load a module from a file under the repository fails, whatever path led there (sys.path,
+# an editable install's finder, importlib).
+class _RepositoryImportGuard:
+    def __init__(self, root):
+        self.root = os.path.realpath(root).rstrip("/") + "/"
+
+    def _inside(self, path):
+        return path and os.path.realpath(path).startswith(self.root)
+
+    def find_spec(self, name, path=None, target=None):
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is None:
+                continue
+            places = [spec.origin] + list(spec.submodule_search_locations or [])
+            if any(self._inside(p) for p in places if isinstance(p, str)):
+                raise ImportError(
+                    f"probe judge: {name!r} would be imported from the task repository "
+                    f"({spec.origin}); a probe's judging process must not import the code under "
+                    f"test: run it in a child with infradev_probe.run")
+            return None  # let the import machinery use that finder as usual
+        return None
+
+
+def pytest_configure(config):
+    root = os.environ.get("INFRADEV_REPO")
+    if root and not any(isinstance(f, _RepositoryImportGuard) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RepositoryImportGuard(root))

@@ -1,0 +1,107 @@
+package judge_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/infradev/infradev/harness/internal/testenv"
+	"github.com/infradev/infradev/harness/judge"
+)
+
+// TestLibrary runs testdata/test_library.py under pytest with the library staged as the
+// sandbox stages it: the code under test in child processes, as another user when root.
+func TestLibrary(t *testing.T) {
+	py := "/usr/bin/python3"
+	testenv.Require(t, exec.Command(py, "-c", "import pytest, numpy").Run() == nil, "Debian's python3 with pytest and numpy")
+	// Not t.TempDir: its parent is private to root, and the child runs as another user.
+	dir, err := os.MkdirTemp("", "judge-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	lib := filepath.Join(dir, "lib")
+	repo := filepath.Join(dir, "repo")
+	private := filepath.Join(dir, "private")
+	for _, d := range []string{lib, filepath.Join(repo, "pkg"), private} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Chmod(private, 0o700)
+	os.Chmod(dir, 0o755)
+	os.WriteFile(filepath.Join(lib, judge.LibraryModule+".py"), judge.Library, 0o644)
+	os.WriteFile(filepath.Join(repo, "pkg", "__init__.py"), []byte("def double(x):\n    return 2 * x\n"), 0o644)
+	cmd := exec.Command(py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", judge.LibraryModule, "testdata/test_library.py")
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+lib, "INFRADEV_REPO="+repo, "JUDGE_PRIVATE="+private, "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the library's tests failed: %v\n%s", err, out)
+	}
+	if os.Geteuid() == 0 && strings.Contains(string(out), "skipped") {
+		t.Errorf("tests skipped as root:\n%s", out)
+	}
+}
+
+func TestCollectionProblems(t *testing.T) {
+	c := judge.Collected{IDs: []string{"test_probes.py::test_a"}}
+	c.Errors = append(c.Errors, struct {
+		NodeID string `json:"nodeid"`
+		Text   string `json:"text"`
+	}{"test_broken.py", "Traceback:\n  File \"/run/infradev/probes/test_broken.py\", line 7\n    def f(:\nE   SyntaxError: invalid syntax"})
+	ps := judge.CollectionProblems(c, []string{"test_probes.py::test_a", "test_probes.py::test_nope"}, "/run/infradev/probes")
+	var got []string
+	for _, p := range ps {
+		got = append(got, p.String())
+	}
+	want := []string{"test_broken.py:7: does not collect: SyntaxError: invalid syntax",
+		"test_probes.py: probe test test_probes.py::test_nope does not exist (not collected)"}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("CollectionProblems() =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestCheckScript(t *testing.T) {
+	py := "/usr/bin/python3"
+	testenv.Require(t, exec.Command(py, "-c", "pass").Run() == nil, "Debian's python3")
+	dir := t.TempDir()
+	repo, probes := filepath.Join(dir, "repo"), filepath.Join(dir, "probes")
+	os.MkdirAll(filepath.Join(repo, "minitron"), 0o755)
+	os.WriteFile(filepath.Join(repo, "minitron", "__init__.py"), nil, 0o644)
+	os.WriteFile(filepath.Join(repo, "helpers.py"), nil, 0o644)
+	os.MkdirAll(probes, 0o755)
+	os.WriteFile(filepath.Join(probes, "test_ok.py"), []byte("import numpy\nfrom infradev_probe import run\nrun('from minitron import x')\n"), 0o644)
+	os.WriteFile(filepath.Join(probes, "test_in.py"), []byte("import os\n\ndef test_x():\n    from minitron.model import MLP\n    import helpers\n    __import__('minitron.comm')\n"), 0o644)
+	os.WriteFile(filepath.Join(probes, "test_syntax.py"), []byte("def broken(:\n    pass\n"), 0o644)
+	script := filepath.Join(dir, "check_probes.py")
+	os.WriteFile(script, judge.CheckScript, 0o644)
+	out, err := exec.Command(py, "-I", script, repo, probes).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := judge.ParseCheck(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range ps {
+		got = append(got, p.File+":"+itoa(p.Line))
+	}
+	want := "test_in.py:4 test_in.py:5 test_in.py:6 test_syntax.py:1"
+	if strings.Join(got, " ") != want {
+		t.Errorf("problems at %v, want %s (%v)", got, want, ps)
+	}
+}
+
+func itoa(n int) string {
+	s := ""
+	for ; n > 0; n /= 10 {
+		s = string(rune('0'+n%10)) + s
+	}
+	if s == "" {
+		return "0"
+	}
+	return s
+}

@@ -1,0 +1,90 @@
+"""Tests of infradev_probe, run by judge_test.go under pytest with the library as a plugin."""
+
+import os
+
+import numpy as np
+import pytest
+
+import infradev_probe as probe
+
+
+def test_values_come_back_as_plain_data():
+    out = probe.run("""
+        import os
+        import numpy as np
+        from pkg import double
+        emit(v=double(ARGS["x"]), arr=np.arange(6, dtype=np.float32).reshape(2, 3) * ARGS["scale"],
+             uid=os.getuid(), raw=b"\\x00\\x01", nested={"a": [1, (2, 3)]}, scalar=np.int64(7))
+    """, {"x": 21, "scale": np.float32(2)})
+    assert out["v"] == 42
+    np.testing.assert_array_equal(out["arr"], np.arange(6, dtype=np.float32).reshape(2, 3) * 2)
+    assert out["arr"].dtype == np.float32
+    assert out["raw"] == b"\x00\x01" and out["nested"] == {"a": [1, [2, 3]]} and out["scalar"] == 7
+    if os.geteuid() == 0:
+        assert out["uid"] == probe.CHILD_UID, "the code under test must not run as the judge's user"
+
+
+def test_the_child_cannot_read_what_only_the_judge_can():
+    secret = os.path.join(os.environ["JUDGE_PRIVATE"], "expected.txt")
+    with open(secret, "w") as f:
+        f.write("42")
+    if os.geteuid() != 0:
+        pytest.skip("the judge must run as root to start its children as another user")
+    with pytest.raises(probe.ChildFailed, match="PermissionError"):
+        probe.run("open(ARGS['p']).read()", {"p": secret})
+
+
+def test_a_raising_driver_fails_the_probe_with_its_traceback():
+    with pytest.raises(probe.ChildFailed, match="ValueError: boom"):
+        probe.run("raise ValueError('boom')")
+
+
+def test_a_child_that_dies_without_a_result():
+    with pytest.raises(probe.ChildFailed, match="exited 3 without sending a result"):
+        probe.run("import os; os._exit(3)")
+
+
+def test_processes_left_behind_do_not_hold_the_judge():
+    out = probe.run("import subprocess; subprocess.Popen(['sleep', '60']); emit(ok=True)", timeout=20)
+    assert out == {"ok": True}
+
+
+def test_timeout_kills_the_child():
+    with pytest.raises(probe.ChildTimeout):
+        probe.run("import time; time.sleep(30)", timeout=1)
+
+
+def test_object_arrays_are_refused():
+    with pytest.raises(probe.ChildFailed, match="only numeric or boolean arrays"):
+        probe.run("import numpy as np; emit(a=np.array([object()], dtype=object))")
+
+
+def test_a_forged_result_is_checked_not_trusted():
+    # The driver writes its own "result" into the pipe: a length then an array whose bytes do
+    # not match its shape.
+    bad = '{"ok": true, "values": {"a": {"__nd__": ["<f4", [4], "AAAA"]}}}'
+    with pytest.raises(probe.ChildFailed, match="do not match its shape"):
+        probe.run(f"""
+            import os, __main__
+            data = {bad!r}.encode()
+            os.write(__main__._fd, len(data).to_bytes(8, "big") + data)
+            os._exit(0)
+        """)
+    with pytest.raises(probe.ChildFailed, match="not plain data"):
+        forged = '{"ok": true, "values": {"a": {"__nd__": ["|O", [1], "AAAAAAAAAAA="]}}}'
+        probe.run(f"""
+            import os, __main__
+            data = {forged!r}.encode()
+            os.write(__main__._fd, len(data).to_bytes(8, "big") + data)
+            os._exit(0)
+        """)
+
+
+def test_the_judge_cannot_import_the_repository():
+    import sys
+    sys.path.insert(0, probe.repo())
+    try:
+        with pytest.raises(ImportError, match="must not import the code under test"):
+            import pkg  # noqa: F401
+    finally:
+        sys.path.remove(probe.repo())

@@ -1,0 +1,121 @@
+package runner
+
+import (
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/infradev/infradev/harness/canary"
+	"github.com/infradev/infradev/harness/cheat"
+	"github.com/infradev/infradev/harness/judge"
+	"github.com/infradev/infradev/harness/task"
+)
+
+// setupScript is the script that sets up an attempt's repository (see its doc string).
+//
+//go:embed setup/apply.py
+var setupScript []byte
+
+// runnerConfig are files that configure the test runner or the interpreter from inside the
+// repository. Wherever they are, they are set to what the official tree has (or removed):
+// a submission's versions could load plugins or hooks that rewrite outcomes.
+var runnerConfig = []string{"conftest.py", "sitecustomize.py", "usercustomize.py",
+	"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"}
+
+// applyConfig is apply.json, what the setup script is told.
+type applyConfig struct {
+	Base string `json:"base"`
+	// TestRoots are directories wholly owned by the official tests: every file under them is
+	// set to the official tree, whatever the submission did.
+	TestRoots    []string          `json:"test_roots"`
+	Official     []string          `json:"official"`
+	RunnerConfig []string          `json:"runner_config"`
+	Canaries     map[string]string `json:"canaries"`
+	Cheat        *cheatConfig      `json:"cheat,omitempty"`
+	MaxChanges   int               `json:"max_changes"`
+}
+
+type cheatConfig struct {
+	Module string `json:"module"`
+	Source string `json:"source"`
+}
+
+// TestRoots are the directories the official tests own: for each official test file, the
+// top-most directory on its path named tests or test. Files outside any such directory are
+// owned one by one.
+func TestRoots(files []string) []string {
+	set := map[string]bool{}
+	for _, f := range files {
+		parts := strings.Split(f, "/")
+		for i, p := range parts[:len(parts)-1] {
+			if p == "tests" || p == "test" {
+				set[strings.Join(parts[:i+1], "/")] = true
+				break
+			}
+		}
+	}
+	out := make([]string, 0, len(set))
+	for r := range set {
+		out = append(out, r)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// stageApply writes the setup phase's read-only inputs.
+func stageApply(dir string, t *task.Task, patch []byte, c *canary.Set, ch *cheat.Cheat) error {
+	tp, err := os.ReadFile(t.File(t.Tests.Patch))
+	if err != nil {
+		return fmt.Errorf("task %s: %w", t.ID, err)
+	}
+	files := officialFiles(t)
+	cfg := applyConfig{Base: t.Repo.BaseCommit, TestRoots: TestRoots(files), Official: files,
+		RunnerConfig: runnerConfig, Canaries: c.Append, MaxChanges: maxChanges}
+	if ch != nil {
+		cfg.Cheat = &cheatConfig{Module: ch.Module, Source: ch.Source}
+	}
+	js, err := json.Marshal(cfg)
+	if err != nil {
+		return err
+	}
+	return writeFiles(dir, map[string][]byte{
+		"apply.json":       js,
+		"apply.py":         setupScript,
+		"submission.patch": patch,
+		"tests.patch":      tp,
+	})
+}
+
+// stageTests writes the official tests phase's inputs: the report plugin and the ids to run.
+func stageTests(dir string, ids []string) error {
+	return writeFiles(dir, map[string][]byte{reportPluginName + ".py": reportPlugin,
+		"ids.txt": []byte(strings.Join(ids, "\n") + "\n")})
+}
+
+// stageProbes writes the probe phases' inputs: the report plugin, the judge library and the
+// harness's own pytest configuration.
+func stageProbes(dir string) error {
+	return writeFiles(dir, map[string][]byte{
+		reportPluginName + ".py":    reportPlugin,
+		judge.LibraryModule + ".py": judge.Library,
+		judge.CollectModule + ".py": judge.CollectPlugin,
+		"check_probes.py":           judge.CheckScript,
+		"probes.ini":                []byte("[pytest]\n"),
+	})
+}
+
+func writeFiles(dir string, files map[string][]byte) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -101,7 +101,7 @@ func overhead(ctx context.Context, out io.Writer, g *globals, r runner.Attempter
 	if err != nil {
 		return err
 	}
-	gold, err := os.ReadFile(t.File(t.Gold))
+	gold, err := os.ReadFile(t.GoldFile())
 	if err != nil {
 		return err
 	}
@@ -147,7 +147,7 @@ func runDirect(ctx context.Context, g *globals, t *task.Task, ps *probe.Set, lay
 		return 0, err
 	}
 	defer ov.Unmount()
-	tests, err := os.ReadFile(t.File(t.Tests.Patch))
+	tests, err := os.ReadFile(t.TestPatchFile())
 	if err != nil {
 		return 0, err
 	}

@@ -76,11 +76,15 @@ Exit codes: 0 the evaluation completed (whatever the verdicts); 2 bad usage or i
 					fmt.Fprintf(cmd.ErrOrStderr(), "cleaned up %d leftovers of an interrupted run\n", n)
 				}
 			}
+			mirrors, err := g.mirrorMap()
+			if err != nil {
+				return err
+			}
 			progress := newProgress(cmd.ErrOrStderr())
 			results, err := eval.Run(cmd.Context(), eval.Config{
 				Predictions: o.preds, RunID: o.runID,
 				TasksRoot: o.tasks, ProbesRoot: o.probes, EnvsRoot: o.envs,
-				Store: g.imageStore(), Out: o.out, Runner: r,
+				Store: g.imageStore(), Mirrors: mirrors, Out: o.out, Runner: r,
 				Results:  resultstore.Open(o.results),
 				Capacity: capacity, Jobs: o.jobs,
 				Select:        selector(o.match, o.label),

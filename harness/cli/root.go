@@ -20,6 +20,8 @@ import (
 
 	"github.com/infradev/infradev/harness/gpu"
 	"github.com/infradev/infradev/harness/image"
+	"github.com/infradev/infradev/harness/mirror"
+	"github.com/infradev/infradev/harness/prepare"
 	"github.com/infradev/infradev/harness/runner"
 	"github.com/infradev/infradev/harness/sandbox"
 	"github.com/infradev/infradev/harness/specfile"
@@ -80,8 +82,9 @@ func exitf(code int, format string, args ...any) error {
 
 // globals are the flags every command shares, and what is discovered once per process.
 type globals struct {
-	store string
-	cache string
+	store   string
+	cache   string
+	mirrors []string
 
 	gpusRead bool
 	gpus     *gpu.Machine
@@ -133,7 +136,9 @@ Exit codes: 0 success (run-task: resolved); 1 not resolved or a check failed;
 		"image store: the OCI layout and step cache (env INFRADEV_STORE)")
 	root.PersistentFlags().StringVar(&g.cache, "cache", envOr("INFRADEV_CACHE", ".infradev/cache"),
 		"local cache: unpacked layers, sandbox state and scratch (env INFRADEV_CACHE)")
-	root.AddCommand(newEnvCmd(g), newRunTaskCmd(g), newEvalCmd(g), newValidateCmd(g), newBenchCmd(g), newReportCmd(), newGPUsCmd(g), newSamplesCmd(), newGenCmd())
+	root.PersistentFlags().StringArrayVar(&g.mirrors, "git-mirror", nil,
+		"upstream repositories as local git directories: URL=DIR, or URL-PREFIX/=DIR (repeatable; tried before $INFRADEV_GIT_MIRRORS and $INFRADEV_GIT_MIRRORS_FILE)")
+	root.AddCommand(newEnvCmd(g), newRunTaskCmd(g), newEvalCmd(g), newValidateCmd(g), newBenchCmd(g), newReportCmd(), newGPUsCmd(g), newSamplesCmd(), newGenCmd(), newTaskCmd(g))
 	return root
 }
 
@@ -145,6 +150,24 @@ func envOr(key, def string) string {
 }
 
 func (g *globals) imageStore() image.Store { return image.Store{Dir: g.store} }
+
+// mirrorMap is the mirror map from the flags and the environment.
+func (g *globals) mirrorMap() (mirror.Map, error) {
+	m, err := mirror.FromEnv(g.mirrors)
+	if err != nil {
+		return nil, exitf(ExitUsage, "%v", err)
+	}
+	return m, nil
+}
+
+// preparer prepares tasks (derived upstream files, images) from the environments under envs.
+func (g *globals) preparer(envs string, log io.Writer) (*prepare.Preparer, error) {
+	m, err := g.mirrorMap()
+	if err != nil {
+		return nil, err
+	}
+	return &prepare.Preparer{Store: g.imageStore(), EnvsRoot: envs, Mirrors: m, Log: log}, nil
+}
 
 // runner wires the attempt runner: runc sandbox, unpack cache, scratch space, the machine's
 // GPUs (leased across processes, passed through as the NVIDIA toolkit does) when NVML finds

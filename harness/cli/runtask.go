@@ -18,12 +18,13 @@ import (
 	"github.com/infradev/infradev/harness/resultstore"
 	"github.com/infradev/infradev/harness/runner"
 	"github.com/infradev/infradev/harness/task"
+	"github.com/infradev/infradev/harness/upstream"
 )
 
 func newRunTaskCmd(g *globals) *cobra.Command {
 	var o struct {
-		task, probes, layout, image, patch, out, instance, model, results, cheat string
-		asJSON                                                                   bool
+		task, probes, layout, image, patch, out, instance, model, results, cheat, envs string
+		asJSON                                                                         bool
 	}
 	cmd := &cobra.Command{
 		Use:   "run-task",
@@ -50,6 +51,26 @@ Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec, or the task itself 
 			patch, err := os.ReadFile(o.patch)
 			if err != nil {
 				return exitf(ExitUsage, "reading patch: %v", err)
+			}
+			// An upstream task's files are derived from its commits (store, else mirror); without
+			// --image its image is built (environment plus the repository at the base commit).
+			if o.image == "" {
+				prep, err := g.preparer(o.envs, cmd.ErrOrStderr())
+				if err != nil {
+					return err
+				}
+				if o.image, err = prep.Task(cmd.Context(), t); err != nil {
+					return exitf(ExitInfra, "%v", err)
+				}
+				o.layout = g.imageStore().Layout()
+			} else {
+				m, err := g.mirrorMap()
+				if err != nil {
+					return err
+				}
+				if err := upstream.Attach(cmd.Context(), g.store, t, m); err != nil {
+					return exitf(ExitInfra, "%v", err)
+				}
 			}
 			layout, err := filepath.Abs(o.layout)
 			if err != nil {
@@ -104,8 +125,9 @@ Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec, or the task itself 
 	f := cmd.Flags()
 	f.StringVar(&o.task, "task", "", "task directory (holds task.yaml)")
 	f.StringVar(&o.probes, "probes", "", "probes directory (holds probes.yaml)")
-	f.StringVar(&o.layout, "layout", "", "OCI image layout holding the environment")
-	f.StringVar(&o.image, "image", "", "manifest digest of the environment image (sha256:...)")
+	f.StringVar(&o.layout, "layout", "", "OCI image layout holding the environment (with --image)")
+	f.StringVar(&o.image, "image", "", "manifest digest of the task's image (sha256:...); without it the image is built from --environments into the store")
+	f.StringVar(&o.envs, "environments", "environments", "environments root, to build the task's image when --image is not given")
 	f.StringVar(&o.patch, "patch", "", "the submission: a unified diff file (may be empty)")
 	f.StringVar(&o.out, "out", "", "run folder to write")
 	f.StringVar(&o.instance, "instance-id", "", "instance id to record (default: the task id)")
@@ -113,7 +135,8 @@ Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec, or the task itself 
 	f.BoolVar(&o.asJSON, "json", false, "print result.json instead of the verdict line")
 	f.StringVar(&o.cheat, "cheat", "", "add an in-process cheat to the submission ("+strings.Join(cheat.Names, ", ")+"): checks that a task's canaries and probes hold")
 	f.StringVar(&o.results, "results", os.Getenv("INFRADEV_RESULTS"), "results store to reuse and fill: a directory or a Bazel HTTP cache URL (env INFRADEV_RESULTS; empty: none)")
-	for _, name := range []string{"task", "probes", "layout", "image", "patch", "out"} {
+	cmd.MarkFlagsRequiredTogether("layout", "image")
+	for _, name := range []string{"task", "probes", "patch", "out"} {
 		_ = cmd.MarkFlagRequired(name)
 	}
 	return cmd

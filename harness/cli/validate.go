@@ -11,8 +11,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/infradev/infradev/harness/envspec"
-	"github.com/infradev/infradev/harness/image"
 	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/runner"
@@ -125,20 +123,17 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 			if !ok {
 				return exitf(ExitInfra, "the runner cannot check tasks")
 			}
+			prep, err := g.preparer(o.envs, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
 			images := map[string]string{}
 			for _, it := range items {
-				if _, ok := images[it.t.Environment]; ok {
-					continue
-				}
-				env, err := envspec.Load(filepath.Join(o.envs, it.t.Environment))
-				if err != nil {
-					return err
-				}
-				b, err := image.Build(cmd.Context(), env, g.imageStore(), image.Options{Log: cmd.ErrOrStderr()})
+				img, err := prep.Task(cmd.Context(), it.t)
 				if err != nil {
 					return exitf(ExitInfra, "%v", err)
 				}
-				images[it.t.Environment] = b.Manifest
+				images[it.t.ID] = img
 			}
 			layout, err := filepath.Abs(g.imageStore().Layout())
 			if err != nil {
@@ -156,7 +151,7 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 					defer wg.Done()
 					sem <- struct{}{}
 					defer func() { <-sem }()
-					reports[i], errsOut[i] = validateOne(cmd, rn, it.t, it.p, it.s, layout, images[it.t.Environment], o.runs, o.out, !o.noTamper, o.updateBaseline)
+					reports[i], errsOut[i] = validateOne(cmd, rn, it.t, it.p, it.s, layout, images[it.t.ID], o.runs, o.out, !o.noTamper, o.updateBaseline)
 				}(i, it)
 			}
 			wg.Wait()
@@ -211,7 +206,7 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 // validateOne validates one task with its gold patch (read from the task).
 func validateOne(cmd *cobra.Command, rn validate.Runner, t *task.Task, p *probe.Set, ss *samples.Set, layout, img string,
 	runs int, out string, tamper, updateBaseline bool) (*validate.Report, error) {
-	gold, err := os.ReadFile(t.File(t.Gold))
+	gold, err := os.ReadFile(t.GoldFile())
 	if err != nil {
 		return nil, err
 	}

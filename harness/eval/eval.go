@@ -20,9 +20,10 @@ import (
 
 	"github.com/gofrs/flock"
 
-	"github.com/infradev/infradev/harness/envspec"
 	"github.com/infradev/infradev/harness/image"
+	"github.com/infradev/infradev/harness/mirror"
 	"github.com/infradev/infradev/harness/predictions"
+	"github.com/infradev/infradev/harness/prepare"
 	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/resultstore"
@@ -38,6 +39,8 @@ type Config struct {
 	// TasksRoot, ProbesRoot and EnvsRoot are the suite's directories.
 	TasksRoot, ProbesRoot, EnvsRoot string
 	Store                           image.Store
+	// Mirrors resolve upstream tasks' repositories (package mirror).
+	Mirrors mirror.Map
 	// Out is the results root; results go under Out/RunID.
 	Out string
 	// Runner runs attempts (e.g. a runner.Retry around a runner.Runner).
@@ -107,7 +110,8 @@ func Run(ctx context.Context, c Config) ([]*result.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &session{c: c, dirs: dirs, tasks: map[string]*loaded{}, images: map[string]string{}, start: time.Now()}
+	s := &session{c: c, dirs: dirs, tasks: map[string]*loaded{}, start: time.Now(),
+		prep: &prepare.Preparer{Store: c.Store, EnvsRoot: c.EnvsRoot, Mirrors: c.Mirrors}}
 	var items []*item
 	for _, p := range preds {
 		if _, ok := dirs[p.InstanceID]; !ok {
@@ -189,10 +193,10 @@ type loaded struct {
 }
 
 type session struct {
-	c      Config
-	dirs   map[string]string
-	tasks  map[string]*loaded
-	images map[string]string
+	c     Config
+	dirs  map[string]string
+	tasks map[string]*loaded
+	prep  *prepare.Preparer
 
 	mu               sync.Mutex
 	done, total, ran int
@@ -208,7 +212,7 @@ func (s *session) prepare(ctx context.Context, p predictions.Prediction) (*item,
 	if s.c.Select != nil && !s.c.Select(l.t) {
 		return nil, nil
 	}
-	img, err := s.image(ctx, l.t.Environment)
+	img, err := s.prep.Task(ctx, l.t)
 	if err != nil {
 		return nil, err
 	}
@@ -398,22 +402,6 @@ func (s *session) task(id string) (*loaded, error) {
 	l := &loaded{t: t, p: ps}
 	s.tasks[id] = l
 	return l, nil
-}
-
-func (s *session) image(ctx context.Context, name string) (string, error) {
-	if d, ok := s.images[name]; ok {
-		return d, nil
-	}
-	env, err := envspec.Load(filepath.Join(s.c.EnvsRoot, name))
-	if err != nil {
-		return "", err
-	}
-	b, err := image.Build(ctx, env, s.c.Store, image.Options{})
-	if err != nil {
-		return "", err
-	}
-	s.images[name] = b.Manifest
-	return b.Manifest, nil
 }
 
 // copyResult copies a run folder's result.json to dst for another (model, instance).

@@ -26,6 +26,7 @@ import (
 	"github.com/infradev/infradev/harness/atomicfile"
 	"github.com/infradev/infradev/harness/digest"
 	"github.com/infradev/infradev/harness/envspec"
+	"github.com/infradev/infradev/harness/mirror"
 	"github.com/infradev/infradev/harness/sandbox"
 	"github.com/infradev/infradev/harness/unpack"
 )
@@ -72,6 +73,9 @@ type Options struct {
 	Unpack *unpack.Cache
 	// Sandbox runs run steps. Default: runc with its state under the store.
 	Sandbox sandbox.Sandbox
+	// Mirrors resolve the repositories of git url steps without the network; a repository
+	// the map has no entry for is fetched from its URL.
+	Mirrors mirror.Map
 }
 
 // Build builds env into the store and names it env.Name in the layout. Concurrent builds
@@ -94,7 +98,7 @@ func Build(ctx context.Context, env *envspec.Env, st Store, o Options) (*Built, 
 	if err := initLayout(st.Layout()); err != nil {
 		return nil, fmt.Errorf("preparing OCI layout %s: %w", st.Layout(), err)
 	}
-	b := &builder{env: env, st: st, log: o.Log, unpack: o.Unpack, sandbox: o.Sandbox}
+	b := &builder{env: env, st: st, log: o.Log, unpack: o.Unpack, sandbox: o.Sandbox, mirrors: o.Mirrors}
 	if b.unpack == nil {
 		b.unpack = &unpack.Cache{Dir: filepath.Join(st.Dir, "unpacked")}
 	}
@@ -166,6 +170,7 @@ type builder struct {
 	log     io.Writer
 	unpack  *unpack.Cache
 	sandbox sandbox.Sandbox
+	mirrors mirror.Map
 	// built layers of this build, by index, for steps that read their parents (apt).
 	done []BuiltLayer
 }

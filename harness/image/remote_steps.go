@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -82,22 +83,84 @@ func (b *builder) baseImage(ctx context.Context, key string, s envspec.Step) ([]
 	return bls, ls, nil
 }
 
-// gitURL clones an upstream repository and checks out the pinned commit (needs the network).
+// gitURL puts an upstream repository at a pinned commit into the layer: the commit's files
+// and a shallow .git holding exactly that commit, its trees and blobs, in one pack made
+// single-threaded, with HEAD detached at the commit and no reflog, so the layer's bytes depend
+// only on the commit. The repository comes from the mirror map, or from its URL over the
+// network when the map has no entry for it.
 func (b *builder) gitURL(ctx context.Context, g *envspec.Git, tmp string, w *layer.Writer) error {
-	dir := filepath.Join(tmp, "repo")
-	env := append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "GIT_TERMINAL_PROMPT=0")
-	for _, args := range [][]string{
-		{"init", "-q", "--initial-branch=main", dir},
-		{"-C", dir, "fetch", "-q", "--depth=1", g.URL, g.Commit},
-		{"-C", dir, "checkout", "-q", "--detach", g.Commit},
-	} {
+	env := append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "GIT_TERMINAL_PROMPT=0", "LC_ALL=C", "TZ=UTC")
+	gitRun := func(stdin io.Reader, args ...string) ([]byte, error) {
 		cmd := exec.CommandContext(ctx, "git", args...)
-		cmd.Env = env
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("git %s: %w: %s", strings.Join(args, " "), err, tail(string(out), 1000))
+		cmd.Env, cmd.Stdin = env, stdin
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return nil, fmt.Errorf("git %s: %w: %s", strings.Join(args, " "), err, tail(stderr.String(), 1000))
+		}
+		return out, nil
+	}
+	source := ""
+	if len(b.mirrors.Candidates(g.URL)) > 0 {
+		dir, err := b.mirrors.Resolve(g.URL, g.Commit)
+		if err != nil {
+			return err
+		}
+		source = dir
+	} else {
+		// No mirror: fetch the one commit from the URL into a scratch repository.
+		source = filepath.Join(tmp, "fetched")
+		if _, err := gitRun(nil, "init", "-q", "--bare", source); err != nil {
+			return err
+		}
+		if _, err := gitRun(nil, "--git-dir", source, "fetch", "-q", "--depth=1", g.URL, g.Commit); err != nil {
+			return err
 		}
 	}
-	return w.AddTree(dir, g.Dest, func(rel string) bool { return rel == ".git/index" || rel == ".git/FETCH_HEAD" })
+	objects, err := gitRun(nil, "--git-dir", source, "rev-list", "--objects", "--no-walk", g.Commit)
+	if err != nil {
+		return err
+	}
+	var ids bytes.Buffer
+	for _, line := range strings.Split(strings.TrimSpace(string(objects)), "\n") {
+		id, _, _ := strings.Cut(line, " ")
+		ids.WriteString(id + "\n")
+	}
+	pack, err := gitRun(&ids, "--git-dir", source, "-c", "pack.threads=1", "pack-objects", "--threads=1", "--stdout", "-q")
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(tmp, "repo")
+	gitDir := filepath.Join(dir, ".git")
+	tmpl := filepath.Join(tmp, "template")
+	if err := os.MkdirAll(tmpl, 0o755); err != nil {
+		return err
+	}
+	if _, err := gitRun(nil, "init", "-q", "--template="+tmpl, dir); err != nil {
+		return err
+	}
+	if _, err := gitRun(bytes.NewReader(pack), "--git-dir", gitDir, "index-pack", "--stdin"); err != nil {
+		return err
+	}
+	for name, data := range map[string]string{
+		"HEAD":    g.Commit + "\n",
+		"shallow": g.Commit + "\n",
+		"config":  "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n\tlogallrefupdates = false\n",
+	} {
+		if err := os.WriteFile(filepath.Join(gitDir, name), []byte(data), 0o644); err != nil {
+			return err
+		}
+	}
+	// The work tree, checked out by git (attributes of the commit itself apply, as in any clone).
+	for _, args := range [][]string{{"read-tree", g.Commit}, {"checkout-index", "-a", "-f"}} {
+		if _, err := gitRun(nil, append([]string{"--git-dir", gitDir, "--work-tree", dir}, args...)...); err != nil {
+			return err
+		}
+	}
+	return w.AddTree(dir, g.Dest, func(rel string) bool {
+		return rel == ".git/index" || rel == ".git/FETCH_HEAD" || rel == ".git/logs" || strings.HasPrefix(rel, ".git/logs/")
+	})
 }
 
 // run executes a command over the stack built so far, with the network, and writes what it

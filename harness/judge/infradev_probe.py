@@ -165,7 +165,7 @@ def _child_env(extra):
     env = {k: v for k, v in os.environ.items()
            if not (k.startswith("INFRADEV_") or k.startswith("PYTEST_") or k in _JUDGE_ONLY)}
     env.update({
-        "PYTHONPATH": repo(),
+        "PYTHONPATH": os.environ.get("INFRADEV_CHILD_PYTHONPATH") or repo(),
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONNOUSERSITE": "1",
         "PYTHONHASHSEED": env.get("PYTHONHASHSEED", "0"),

@@ -40,6 +40,17 @@ func (r Retry) CheckTask(ctx context.Context, in Inputs) (string, error) {
 	return fault, err
 }
 
+// Survey runs test files over upstream code (see Runner.Survey), when the wrapped Attempter can.
+func (r Retry) Survey(ctx context.Context, in Inputs, files, deselect []string, out string) (map[string]string, error) {
+	s, ok := r.Attempter.(interface {
+		Survey(context.Context, Inputs, []string, []string, string) (map[string]string, error)
+	})
+	if !ok {
+		return nil, fmt.Errorf("this runner cannot survey tests")
+	}
+	return s.Survey(ctx, in, files, deselect, out)
+}
+
 // Sweep cleans up after attempts of dead processes, when the wrapped Attempter can.
 func (r Retry) Sweep() int {
 	if s, ok := r.Attempter.(interface{ Sweep() int }); ok {

@@ -190,7 +190,7 @@ func (r *Runner) hardware() string {
 // Digests computes the content digests that identify an attempt's inputs: the key under
 // which its result may be reused.
 func (r *Runner) Digests(in Inputs) (result.Inputs, error) {
-	td, err := digest.Files(in.Task.Dir, notAnInput)
+	td, err := taskDigest(in.Task)
 	if err != nil {
 		return result.Inputs{}, err
 	}
@@ -205,6 +205,22 @@ func (r *Runner) Digests(in Inputs) (result.Inputs, error) {
 		patch = digest.Bytes([]byte(fmt.Sprintf("%s\x00cheat=%s\x00all-phases=%t", patch, in.Cheat, in.AllPhases)))
 	}
 	return result.Inputs{Task: td, Environment: in.Image, Probes: pd, Patch: patch, Harness: r.Harness, Hardware: r.hardware()}, nil
+}
+
+// taskDigest is the digest of everything of a task an attempt reads: its directory and, for
+// an upstream task, the files derived from its commits.
+func taskDigest(t *task.Task) (string, error) {
+	td, err := digest.Files(t.Dir, notAnInput)
+	if err != nil {
+		return "", err
+	}
+	if t.Upstream() {
+		if t.Derived == nil {
+			return "", fmt.Errorf("task %s: its upstream files are not materialised", t.ID)
+		}
+		td = digest.Bytes([]byte(td + "\n" + t.Derived.Digest))
+	}
+	return td, nil
 }
 
 // notAnInput tells the files in task and probe directories that no attempt reads: Bazel's BUILD
@@ -364,6 +380,8 @@ type attemptEnv struct {
 	ov       *sandbox.Overlay
 	base     sandbox.Spec
 	gpus     []int
+	// files are the official test files: what the setup puts back and canaries go into.
+	files []string
 }
 
 // open prepares an attempt's sandbox: scratch, overlay, probes copy, environment, GPUs.
@@ -376,7 +394,7 @@ func (r *Runner) open(ctx context.Context, in Inputs) (*attemptEnv, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &attemptEnv{r: r, in: in, work: work, gpus: in.GPUs}
+	a := &attemptEnv{r: r, in: in, work: work, gpus: in.GPUs, files: officialFiles(t)}
 	ok := false
 	defer func() {
 		if !ok {
@@ -394,17 +412,35 @@ func (r *Runner) open(ctx context.Context, in Inputs) (*attemptEnv, error) {
 	// directory may reach its files through links the sandbox cannot follow, as Bazel's
 	// runfiles do, and the copy cannot change mid-attempt), readable by root only: the code
 	// under test runs as another user in the probe phases.
-	a.probeDir = filepath.Join(work, "probes")
-	if err := copyFiles(in.Probes.Dir, a.probeDir, notAnInput); err != nil {
-		return nil, fmt.Errorf("staging probes: %w", err)
-	}
-	if err := os.Chmod(a.probeDir, 0o700); err != nil {
-		return nil, err
+	if in.Probes != nil {
+		a.probeDir = filepath.Join(work, "probes")
+		if err := copyFiles(in.Probes.Dir, a.probeDir, notAnInput); err != nil {
+			return nil, fmt.Errorf("staging probes: %w", err)
+		}
+		if err := os.Chmod(a.probeDir, 0o700); err != nil {
+			return nil, err
+		}
 	}
 	if a.ov, err = sandbox.MountOverlay(stack, filepath.Join(work, "root"), t.Resources.DiskBytes); err != nil {
 		return nil, err
 	}
-	env := mergeEnv(cfg.Config.Env, "PYTHONPATH="+inDir,
+	// The image's own PYTHONPATH (a framework's repository path) stays, after the harness's
+	// inputs; the probes' children get it too, the judge never.
+	imagePath := ""
+	for _, kv := range cfg.Config.Env {
+		if v, ok := strings.CutPrefix(kv, "PYTHONPATH="); ok {
+			imagePath = v
+		}
+	}
+	childPath := imagePath
+	if childPath == "" {
+		childPath = t.Repo.Path
+	}
+	harnessPath := inDir
+	if imagePath != "" {
+		harnessPath += ":" + imagePath
+	}
+	env := mergeEnv(cfg.Config.Env, "PYTHONPATH="+harnessPath, "INFRADEV_CHILD_PYTHONPATH="+childPath,
 		// PYTHONSAFEPATH: the working directory (the repository) is not put first on sys.path,
 		// so a repository cannot shadow the test runner's own modules.
 		"HOME=/tmp", "PYTHONDONTWRITEBYTECODE=1", "PYTHONHASHSEED=0", "PYTHONSAFEPATH=1",
@@ -465,7 +501,7 @@ func mergeEnv(env []string, over ...string) []string {
 func (a *attemptEnv) apply(ctx context.Context, out string, patch []byte, c *canary.Set, ch *cheat.Cheat) (result.Phase, []tamper.Finding, error) {
 	t := a.in.Task
 	dir := filepath.Join(a.work, "in-apply")
-	if err := stageApply(dir, t, patch, c, ch); err != nil {
+	if err := stageApply(dir, t, a.files, patch, c, ch); err != nil {
 		return result.Phase{}, nil, err
 	}
 	mounts := []sandbox.Mount{{Source: dir, Dest: inDir, ReadOnly: true}}
@@ -530,7 +566,7 @@ func (a *attemptEnv) tests(ctx context.Context, out, name string, ids []string) 
 			files = append(files, f)
 		}
 	}
-	args := append(pytest(nil, ""), "--infradev-select="+inDir+"/ids.txt")
+	args := append(append(pytest(nil, ""), plugins(a.in.Task)...), "--infradev-select="+inDir+"/ids.txt")
 	return a.run(ctx, out, name, a.base, mounts, append(args, files...), a.in.Task.Timeouts.TestsD, true)
 }
 
@@ -593,8 +629,10 @@ func pytest(ids []string, root string) []string {
 	// -s: output streams to the capped log instead of piling up in pytest's capture files.
 	// --continue-on-collection-errors: a module that fails to import fails its own tests only;
 	// the other ids still run (pytest stops the whole session otherwise).
+	// -o addopts=: the repository's own command-line defaults (-x, plugins, reports) are not
+	// the harness's command.
 	args := []string{"python3", "-m", "pytest", "-p", "no:cacheprovider", "-p", reportPluginName,
-		"-o", "junit_family=xunit1", "--junitxml=/dev/fd/4", "-q", "-rN", "-s", "--continue-on-collection-errors"}
+		"-o", "junit_family=xunit1", "-o", "addopts=", "--junitxml=/dev/fd/4", "-q", "-rN", "-s", "--continue-on-collection-errors"}
 	if root != "" {
 		// Probes run under the harness's own configuration (probes.ini), never the repository's.
 		args = append(args, "-p", judge.LibraryModule, "-c", inDir+"/probes.ini", "--rootdir="+root, "--confcutdir="+root)
@@ -604,6 +642,15 @@ func pytest(ids []string, root string) []string {
 		return args
 	}
 	return append(args, ids...)
+}
+
+// plugins are the -p arguments loading the pytest plugins a task's tests need (autoload is off).
+func plugins(t *task.Task) []string {
+	var out []string
+	for _, p := range t.Tests.Plugins {
+		out = append(out, "-p", p)
+	}
+	return out
 }
 
 // run runs one sandboxed command with the given read-only mounts and a fresh, empty output

@@ -66,15 +66,17 @@ func TestRoots(files []string) []string {
 	return out
 }
 
-// stageApply writes the setup phase's read-only inputs.
-func stageApply(dir string, t *task.Task, patch []byte, c *canary.Set, ch *cheat.Cheat) error {
-	tp, err := os.ReadFile(t.File(t.Tests.Patch))
+// stageApply writes the setup phase's read-only inputs; files are the official test files.
+func stageApply(dir string, t *task.Task, files []string, patch []byte, c *canary.Set, ch *cheat.Cheat) error {
+	tp, err := os.ReadFile(t.TestPatchFile())
 	if err != nil {
 		return fmt.Errorf("task %s: %w", t.ID, err)
 	}
-	files := officialFiles(t)
 	cfg := applyConfig{Base: t.Repo.BaseCommit, TestRoots: TestRoots(files), Official: files,
-		RunnerConfig: runnerConfig, Canaries: c.Append, MaxChanges: maxChanges}
+		RunnerConfig: runnerConfig, MaxChanges: maxChanges}
+	if c != nil {
+		cfg.Canaries = c.Append
+	}
 	if ch != nil {
 		cfg.Cheat = &cheatConfig{Module: ch.Module, Source: ch.Source}
 	}

@@ -58,7 +58,7 @@ type taskCheckRecord struct {
 }
 
 func (r *Runner) taskCheckKey(in Inputs) (string, error) {
-	td, err := digest.Files(in.Task.Dir, notAnInput)
+	td, err := taskDigest(in.Task)
 	if err != nil {
 		return "", err
 	}
@@ -102,7 +102,7 @@ func (r *Runner) checkTask(ctx context.Context, in Inputs, key string) (string, 
 
 func (r *Runner) runTaskCheck(ctx context.Context, in Inputs, out string) (string, error) {
 	t := in.Task
-	gold, err := os.ReadFile(t.File(t.Gold))
+	gold, err := os.ReadFile(t.GoldFile())
 	if err != nil {
 		return "", fmt.Errorf("task %s: %w", t.ID, err)
 	}

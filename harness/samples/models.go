@@ -65,7 +65,7 @@ func Sources(tasksRoot, probesRoot string) (map[string]Source, error) {
 		if err != nil {
 			return nil, err
 		}
-		gold, err := os.ReadFile(t.File(t.Gold))
+		gold, err := os.ReadFile(t.GoldFile())
 		if err != nil {
 			return nil, fmt.Errorf("task %s: %w", id, err)
 		}

@@ -33,7 +33,7 @@ var (
 // Interfaces returns the names the probes use (imported, called as functions or methods)
 // that the gold patch defines or changes: the interfaces the task asks the agent to provide.
 func Interfaces(t *task.Task, ps *probe.Set) ([]string, error) {
-	gold, err := os.ReadFile(t.File(t.Gold))
+	gold, err := os.ReadFile(t.GoldFile())
 	if err != nil {
 		return nil, err
 	}

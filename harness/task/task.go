@@ -36,6 +36,45 @@ type Task struct {
 
 	// Dir is the task's directory; file fields are relative to it.
 	Dir string `yaml:"-"`
+	// Derived holds the files an upstream task takes from its commits (gold patch, test patch,
+	// PR description), set once they are materialised (package upstream); nil otherwise.
+	Derived *Derived `yaml:"-"`
+}
+
+// Derived are the paths of an upstream task's derived files and their digest.
+type Derived struct {
+	Gold, Tests, PRDescription string
+	// Digest covers the three files' contents: part of the task's input digest.
+	Digest string
+}
+
+// Upstream reports whether the task references an upstream change: its gold patch, official
+// test patch and PR description are derived from the commits, never checked in.
+func (t *Task) Upstream() bool { return t.Repo.URL != "" && t.Repo.MergeCommit != "" }
+
+// GoldFile is the gold patch's path: derived for upstream tasks, else the task's file.
+func (t *Task) GoldFile() string { return t.pick(t.Gold, func(d *Derived) string { return d.Gold }) }
+
+// TestPatchFile is the official test patch's path.
+func (t *Task) TestPatchFile() string {
+	return t.pick(t.Tests.Patch, func(d *Derived) string { return d.Tests })
+}
+
+// PRDescriptionFile is the PR description's path (the alternative prompt).
+func (t *Task) PRDescriptionFile() string {
+	return t.pick(t.PRDescription, func(d *Derived) string { return d.PRDescription })
+}
+
+// pick resolves a file field; for an upstream task whose files were not materialised it names
+// a file that does not exist, so a read fails saying so.
+func (t *Task) pick(field string, derived func(*Derived) string) string {
+	if t.Upstream() {
+		if t.Derived == nil {
+			return filepath.Join(t.Dir, "(derived from "+t.Repo.MergeCommit+": not materialised)")
+		}
+		return derived(t.Derived)
+	}
+	return t.File(field)
 }
 
 // Repo is where the task's repository is and which commit the task starts from.
@@ -60,6 +99,12 @@ type Tests struct {
 	FailToPass []string `yaml:"fail_to_pass"`
 	// PassToPass are test ids that pass before and must still pass after.
 	PassToPass []string `yaml:"pass_to_pass"`
+	// Paths are the globs of test paths that split an upstream change into gold and official
+	// tests ("**" matches directories); empty means the default rules (package upstream).
+	Paths []string `yaml:"paths"`
+	// Plugins are pytest plugins (module names) the official tests need; plugin autoload is
+	// off, so each is loaded with -p.
+	Plugins []string `yaml:"plugins"`
 }
 
 // IDs returns every official test id, fail-to-pass first.
@@ -105,6 +150,7 @@ var (
 	idRe     = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
 	commitRe = regexp.MustCompile(`^[0-9a-f]{40}$`)
 	testIDRe = regexp.MustCompile(`^[^\s:][^\s]*\.py(::[^\s]+)+$`)
+	pluginRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
 )
 
 // Load reads and checks the task in dir (which holds task.yaml). The error, if any, is a
@@ -150,9 +196,34 @@ func (t *Task) check(d *specfile.Doc) {
 		d.Errorf("environment", "must name an environment under environments/, got %q", t.Environment)
 	}
 	t.checkFile(d, "instruction", t.Instruction)
-	t.checkFile(d, "pr_description", t.PRDescription)
-	t.checkFile(d, "gold", t.Gold)
-	t.checkFile(d, "tests.patch", t.Tests.Patch)
+	if t.Repo.MergeCommit != "" && t.Repo.URL == "" {
+		d.Errorf("repo.url", "is required with repo.merge_commit: the upstream repository the commits are in")
+	}
+	if t.Upstream() {
+		// Nothing upstream is checked in: these are derived from the commits.
+		for field, v := range map[string]string{"gold": t.Gold, "tests.patch": t.Tests.Patch, "pr_description": t.PRDescription} {
+			if v != "" {
+				d.Errorf(field, "must be left out: an upstream task derives it from repo.merge_commit")
+			}
+		}
+	} else {
+		t.checkFile(d, "pr_description", t.PRDescription)
+		t.checkFile(d, "gold", t.Gold)
+		t.checkFile(d, "tests.patch", t.Tests.Patch)
+		if len(t.Tests.Paths) > 0 {
+			d.Errorf("tests.paths", "applies to upstream tasks only (repo.url and repo.merge_commit)")
+		}
+	}
+	for i, g := range t.Tests.Paths {
+		if g == "" || strings.HasPrefix(g, "/") || strings.Contains(g, "..") {
+			d.Errorf(fmt.Sprintf("tests.paths[%d]", i), "must be a relative glob, got %q", g)
+		}
+	}
+	for i, p := range t.Tests.Plugins {
+		if !pluginRe.MatchString(p) {
+			d.Errorf(fmt.Sprintf("tests.plugins[%d]", i), "must be a module name, got %q", p)
+		}
+	}
 	if t.Tests.Runner != "pytest" {
 		d.Errorf("tests.runner", "must be \"pytest\", got %q", t.Tests.Runner)
 	}

@@ -18,4 +18,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:c9a09b7b195f2db39913ba1a5b707fc0dc69676d562d7052eb82d48bcd87dfb8"
+HARNESS_DIGEST = "sha256:0ebb970c603d69e0f5912ee021e0f32f8a1cd9d4ed3e45a159b62b8a14c21054"

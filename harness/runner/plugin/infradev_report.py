@@ -7,6 +7,7 @@ atexit handler or leftover code of the submission runs after the report. The har
 report only if it is one XML document followed by exactly that trailer.
 """
 
+import json
 import os
 import sys
 
@@ -21,6 +22,23 @@ _state = {}
 def pytest_addoption(parser):
     parser.addoption("--infradev-select", default=None,
                      help="run only the node ids listed in this file (the official test files are collected whole)")
+    parser.addoption("--infradev-outcomes", default=None,
+                     help="write every test's outcome by node id, as JSON, to this file (surveys of upstream code)")
+
+
+_outcomes = {}
+
+
+def pytest_runtest_logreport(report):
+    """Records each test's outcome: the worst of its setup, call and teardown."""
+    if report.when == "call" or report.outcome != "passed":
+        rank = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
+        outcome = report.outcome
+        if report.when != "call" and outcome == "failed":
+            outcome = "error"
+        prev = _outcomes.get(report.nodeid)
+        if prev is None or rank[outcome] > rank[prev]:
+            _outcomes[report.nodeid] = outcome
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -54,6 +72,10 @@ def pytest_collection_modifyitems(session, config, items):
 
 def pytest_sessionfinish(session, exitstatus):
     _state["status"] = int(exitstatus)
+    path = session.config.getoption("--infradev-outcomes")
+    if path is not None:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(_outcomes, f, sort_keys=True)
 
 
 @pytest.hookimpl(trylast=True)

@@ -210,7 +210,7 @@ def main():
         for p in after:
             if p not in before and not owned(p) and is_test_module(p) and os.path.lexists(p):
                 remove(p)
-        for path, text in sorted(cfg.get("canaries", {}).items()):
+        for path, text in sorted((cfg.get("canaries") or {}).items()):
             fd = os.open(path.encode(), os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
             with os.fdopen(fd, "ab") as f:
                 f.write(text.encode())

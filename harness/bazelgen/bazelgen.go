@@ -64,7 +64,11 @@ func Generate(root string) ([]File, error) {
 		}
 		files = append(files, File{Path: rel + "/BUILD.bazel", Data: taskBuild(t, rel, probesRel, len(ps.Budgeted()))})
 		files = append(files, File{Path: probesRel + "/BUILD.bazel", Data: probesBuild(id, rel)})
-		fmt.Fprintf(&suite, "    %s: \"//%s:%s\",\n", strconv.Quote(id), rel, t.Gold)
+		gold := "//" + rel + ":" + t.Gold
+		if t.Upstream() {
+			gold = "upstream:" + rel // derived by `infradev task derive` when no predictions are given
+		}
+		fmt.Fprintf(&suite, "    %s: %s,\n", strconv.Quote(id), strconv.Quote(gold))
 	}
 	suite.WriteString("}\n\n")
 	digest, err := HarnessDigest(root)
@@ -83,6 +87,10 @@ func Generate(root string) ([]File, error) {
 
 func taskBuild(t *task.Task, rel, probesRel string, budgeted int) []byte {
 	srcs := []string{t.Instruction, t.PRDescription, t.Gold, t.Tests.Patch}
+	environment := "//environments/" + t.Environment
+	if t.Upstream() {
+		srcs, environment = []string{t.Instruction}, environment+":definition"
+	}
 	sort.Strings(srcs)
 	srcs = slices.Compact(srcs)
 	// Apply, tests, the probes run and one run per budgeted probe, plus unpacking and start-up.
@@ -98,7 +106,7 @@ func taskBuild(t *task.Task, rel, probesRel string, budgeted int) []byte {
 	}
 	b.WriteString("    ],\n")
 	fmt.Fprintf(&b, "    cpus = %d,\n", max(1, int(t.Resources.CPUs+0.999)))
-	fmt.Fprintf(&b, "    environment = \"//environments/%s\",\n", t.Environment)
+	fmt.Fprintf(&b, "    environment = %q,\n", environment)
 	fmt.Fprintf(&b, "    gpus = %d,\n", t.Resources.GPUs.Count)
 	fmt.Fprintf(&b, "    memory = %q,\n", t.Resources.Memory)
 	fmt.Fprintf(&b, "    probes = \"//%s\",\n", probesRel)
@@ -114,6 +122,9 @@ func taskBuild(t *task.Task, rel, probesRel string, budgeted int) []byte {
 		b.WriteString("    ],\n")
 	}
 	fmt.Fprintf(&b, "    timeout_seconds = %d,\n", int(total.Seconds()))
+	if t.Upstream() {
+		b.WriteString("    upstream = True,\n")
+	}
 	b.WriteString(")\n")
 	return b.Bytes()
 }

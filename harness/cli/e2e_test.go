@@ -260,7 +260,7 @@ func TestEvalBucketingPredictions(t *testing.T) {
 func TestEvalModelFiles(t *testing.T) {
 	requireSandbox(t)
 	root := repoRoot(t)
-	sources, err := samples.Sources(filepath.Join(root, "tasks"), filepath.Join(root, "probes"))
+	sources, err := samples.Sources(filepath.Join(root, "tasks"), filepath.Join(root, "probes"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

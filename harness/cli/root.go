@@ -23,9 +23,12 @@ import (
 	"github.com/infradev/infradev/harness/mirror"
 	"github.com/infradev/infradev/harness/prepare"
 	"github.com/infradev/infradev/harness/runner"
+	"github.com/infradev/infradev/harness/samples"
 	"github.com/infradev/infradev/harness/sandbox"
 	"github.com/infradev/infradev/harness/specfile"
+	"github.com/infradev/infradev/harness/task"
 	"github.com/infradev/infradev/harness/unpack"
+	"github.com/infradev/infradev/harness/upstream"
 )
 
 // Version is the harness's release name. Results are keyed by harnessKey, which adds the
@@ -138,7 +141,7 @@ Exit codes: 0 success (run-task: resolved); 1 not resolved or a check failed;
 		"local cache: unpacked layers, sandbox state and scratch (env INFRADEV_CACHE)")
 	root.PersistentFlags().StringArrayVar(&g.mirrors, "git-mirror", nil,
 		"upstream repositories as local git directories: URL=DIR, or URL-PREFIX/=DIR (repeatable; tried before $INFRADEV_GIT_MIRRORS and $INFRADEV_GIT_MIRRORS_FILE)")
-	root.AddCommand(newEnvCmd(g), newRunTaskCmd(g), newEvalCmd(g), newValidateCmd(g), newBenchCmd(g), newReportCmd(), newGPUsCmd(g), newSamplesCmd(), newGenCmd(), newTaskCmd(g))
+	root.AddCommand(newEnvCmd(g), newRunTaskCmd(g), newEvalCmd(g), newValidateCmd(g), newBenchCmd(g), newReportCmd(), newGPUsCmd(g), newSamplesCmd(g), newGenCmd(), newTaskCmd(g))
 	return root
 }
 
@@ -158,6 +161,34 @@ func (g *globals) mirrorMap() (mirror.Map, error) {
 		return nil, exitf(ExitUsage, "%v", err)
 	}
 	return m, nil
+}
+
+// samplePrep attaches an upstream task's derived files and returns how its samples written on
+// the gold tree become submissions (through the task's mirror); for other tasks, nothing.
+func (g *globals) samplePrep(ctx context.Context) func(*task.Task) (samples.OnGold, error) {
+	return func(t *task.Task) (samples.OnGold, error) {
+		if !t.Upstream() {
+			return nil, nil
+		}
+		m, err := g.mirrorMap()
+		if err != nil {
+			return nil, err
+		}
+		if err := upstream.Attach(ctx, g.store, t, m); err != nil {
+			return nil, err
+		}
+		gitDir, err := m.Resolve(t.Repo.URL, t.Repo.BaseCommit)
+		if err != nil {
+			return nil, err
+		}
+		gold, err := os.ReadFile(t.GoldFile())
+		if err != nil {
+			return nil, err
+		}
+		return func(diff []byte) ([]byte, error) {
+			return upstream.OnGold(ctx, gitDir, t.Repo.BaseCommit, gold, diff)
+		}, nil
+	}
 }
 
 // preparer prepares tasks (derived upstream files, images) from the environments under envs.

@@ -13,7 +13,7 @@ import (
 	"github.com/infradev/infradev/harness/samples"
 )
 
-func newSamplesCmd() *cobra.Command {
+func newSamplesCmd(g *globals) *cobra.Command {
 	var o struct {
 		tasks, probes, models string
 		check                 bool
@@ -29,7 +29,7 @@ fail if a checked-in file differs from what the models file makes.
 Exit codes: 0 files written or current; 1 a file is stale (--check); 2 a spec is invalid.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			sources, err := samples.Sources(o.tasks, o.probes)
+			sources, err := samples.Sources(o.tasks, o.probes, g.samplePrep(cmd.Context()))
 			if err != nil {
 				return err
 			}

@@ -11,11 +11,13 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/infradev/infradev/harness/importer"
+	"github.com/infradev/infradev/harness/task"
+	"github.com/infradev/infradev/harness/upstream"
 )
 
 func newTaskCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "task", Short: "Tasks from upstream changes"}
-	cmd.AddCommand(newTaskImportCmd(g))
+	cmd.AddCommand(newTaskImportCmd(g), newTaskDeriveCmd(g))
 	return cmd
 }
 
@@ -143,4 +145,53 @@ func printImport(cmd *cobra.Command, r *importer.Result) {
 	if r.TaskDir != "" {
 		fmt.Fprintf(w, "wrote %s/task.yaml in %.0fs; write %s/instruction.md and the probes next\n", r.TaskDir, r.Seconds, r.TaskDir)
 	}
+}
+
+func newTaskDeriveCmd(g *globals) *cobra.Command {
+	var print string
+	cmd := &cobra.Command{
+		Use:   "derive TASK_DIR",
+		Short: "Materialise an upstream task's gold patch, official test patch and PR description",
+		Long: `Derive an upstream task's files from its commits into the store (from the store when they
+are there already, else from a git mirror) and print where they are, or with --print gold,
+tests or pr_description, one file's content.
+
+Exit codes: 0 done; 2 bad usage or spec; 3 no mirror has the commits.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			t, err := task.Load(args[0])
+			if err != nil {
+				return err
+			}
+			if !t.Upstream() {
+				return exitf(ExitUsage, "task %s references no upstream change (repo.url and repo.merge_commit)", t.ID)
+			}
+			m, err := g.mirrorMap()
+			if err != nil {
+				return err
+			}
+			if err := upstream.Attach(cmd.Context(), g.store, t, m); err != nil {
+				return exitf(ExitInfra, "%v", err)
+			}
+			files := map[string]string{"gold": t.GoldFile(), "tests": t.TestPatchFile(), "pr_description": t.PRDescriptionFile()}
+			if print == "" {
+				for _, k := range []string{"gold", "tests", "pr_description"} {
+					fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\n", k, files[k])
+				}
+				return nil
+			}
+			f, ok := files[print]
+			if !ok {
+				return exitf(ExitUsage, "--print: want gold, tests or pr_description, got %q", print)
+			}
+			data, err := os.ReadFile(f)
+			if err != nil {
+				return exitf(ExitInfra, "%v", err)
+			}
+			_, err = cmd.OutOrStdout().Write(data)
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&print, "print", "", "print one file: gold, tests or pr_description")
+	return cmd
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/infradev/infradev/harness/mirror"
 	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/runner"
@@ -18,6 +20,7 @@ import (
 	"github.com/infradev/infradev/harness/specfile"
 	"github.com/infradev/infradev/harness/suite"
 	"github.com/infradev/infradev/harness/task"
+	"github.com/infradev/infradev/harness/upstream"
 	"github.com/infradev/infradev/harness/validate"
 )
 
@@ -74,6 +77,11 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 			}
 			var items []item
 			var errs specfile.Errors
+			var offline []string // upstream tasks without a mirror or stored derivation
+			mirrors, err := g.mirrorMap()
+			if err != nil {
+				return err
+			}
 			collect := func(err error) {
 				if se, ok := err.(specfile.Errors); ok {
 					errs = append(errs, se...)
@@ -91,6 +99,26 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 				if err != nil {
 					collect(err)
 					continue
+				}
+				// An upstream task: its derived files (store, else mirror), and nothing of the
+				// upstream repository checked in.
+				gitDir := ""
+				if t.Upstream() {
+					err := upstream.Attach(cmd.Context(), g.store, t, mirrors)
+					switch {
+					case errors.Is(err, mirror.ErrNotFound):
+						offline = append(offline, t.ID)
+					case err != nil:
+						return exitf(ExitInfra, "%v", err)
+					}
+					gitDir, _ = mirrors.Resolve(t.Repo.URL, t.Repo.BaseCommit)
+					problems, err := upstream.Provenance(cmd.Context(), []string{t.Dir, p.Dir}, gitDir)
+					if err != nil {
+						return exitf(ExitInfra, "%v", err)
+					}
+					for _, pr := range problems {
+						errs = append(errs, specfile.FieldError{Msg: pr})
+					}
 				}
 				if err := suite.CheckInstruction(t, p); err != nil {
 					errs = append(errs, specfile.FieldError{File: t.File(t.Instruction), Msg: err.Error()})
@@ -112,8 +140,15 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%d task(s): specs valid\n", len(items))
+			if len(offline) > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "%d upstream task(s) checked offline, without their derived files (no mirror, nothing stored): %s\n",
+					len(offline), strings.Join(offline, ", "))
+			}
 			if o.schemaOnly {
 				return nil
+			}
+			if len(offline) > 0 {
+				return exitf(ExitInfra, "upstream task(s) %s need their repository: give a mirror (--git-mirror or $INFRADEV_GIT_MIRRORS)", strings.Join(offline, ", "))
 			}
 			att, err := g.runner()
 			if err != nil {
@@ -151,7 +186,7 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 					defer wg.Done()
 					sem <- struct{}{}
 					defer func() { <-sem }()
-					reports[i], errsOut[i] = validateOne(cmd, rn, it.t, it.p, it.s, layout, images[it.t.ID], o.runs, o.out, !o.noTamper, o.updateBaseline)
+					reports[i], errsOut[i] = validateOne(cmd, g, rn, it.t, it.p, it.s, layout, images[it.t.ID], o.runs, o.out, !o.noTamper, o.updateBaseline)
 				}(i, it)
 			}
 			wg.Wait()
@@ -204,14 +239,18 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 }
 
 // validateOne validates one task with its gold patch (read from the task).
-func validateOne(cmd *cobra.Command, rn validate.Runner, t *task.Task, p *probe.Set, ss *samples.Set, layout, img string,
+func validateOne(cmd *cobra.Command, g *globals, rn validate.Runner, t *task.Task, p *probe.Set, ss *samples.Set, layout, img string,
 	runs int, out string, tamper, updateBaseline bool) (*validate.Report, error) {
 	gold, err := os.ReadFile(t.GoldFile())
 	if err != nil {
 		return nil, err
 	}
+	onGold, err := g.samplePrep(cmd.Context())(t)
+	if err != nil {
+		return nil, err
+	}
 	return validate.Task(cmd.Context(), rn, runner.Inputs{Task: t, Probes: p, Layout: layout, Image: img}, ss, gold,
-		validate.Options{Runs: runs, Out: out, Tamper: tamper,
+		validate.Options{Runs: runs, Out: out, Tamper: tamper, OnGold: onGold,
 			Baseline: func(golds []*result.Result) (string, *probe.Set, error) {
 				note, err := baseline(t, p, golds, img, updateBaseline)
 				if err != nil {

@@ -209,9 +209,6 @@ func passes(runs []map[string]string, id string) (int, string) {
 	return n, why
 }
 
-// Placeholder marks an instruction that has not been written yet: validation refuses it.
-const Placeholder = "TODO(instruction):"
-
 func writeSkeleton(o Options, base string, r *Result) error {
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return err
@@ -252,7 +249,7 @@ func writeSkeleton(o Options, base string, r *Result) error {
 	if _, err := os.Stat(instr); err == nil {
 		return nil // never overwrite an instruction someone wrote
 	}
-	return atomicfile.Write(instr, []byte(Placeholder+" write what to build and every interface the probes use, without the solution.\n"))
+	return atomicfile.Write(instr, []byte(task.InstructionPlaceholder+" write what to build and every interface the probes use, without the solution.\n"))
 }
 
 func duration(d time.Duration) string {

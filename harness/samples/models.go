@@ -43,10 +43,14 @@ type Source struct {
 	Gold    []byte
 	Samples *Set
 	Probes  *probe.Set
+	// OnGold composes the task's samples written on gold (nil when there are none).
+	OnGold OnGold
 }
 
 // Sources loads every task's gold patch, probes and samples under the two roots, by task id.
-func Sources(tasksRoot, probesRoot string) (map[string]Source, error) {
+// prep, when set, is called on each task before its gold patch is read: it attaches an
+// upstream task's derived files and returns how its samples written on gold are composed.
+func Sources(tasksRoot, probesRoot string, prep func(*task.Task) (OnGold, error)) (map[string]Source, error) {
 	dirs, err := task.Find(tasksRoot)
 	if err != nil {
 		return nil, err
@@ -65,11 +69,17 @@ func Sources(tasksRoot, probesRoot string) (map[string]Source, error) {
 		if err != nil {
 			return nil, err
 		}
+		var onGold OnGold
+		if prep != nil {
+			if onGold, err = prep(t); err != nil {
+				return nil, err
+			}
+		}
 		gold, err := os.ReadFile(t.GoldFile())
 		if err != nil {
 			return nil, fmt.Errorf("task %s: %w", id, err)
 		}
-		out[id] = Source{Gold: gold, Samples: ss, Probes: ps}
+		out[id] = Source{Gold: gold, Samples: ss, Probes: ps, OnGold: onGold}
 	}
 	return out, nil
 }
@@ -139,7 +149,7 @@ func resolve(id, name string, src Source) (Pick, error) {
 	if src.Samples != nil {
 		for _, sm := range src.Samples.Samples {
 			if sm.Name == name {
-				patch, err := src.Samples.Read(sm)
+				patch, err := src.Samples.Read(sm, src.OnGold)
 				return Pick{Task: id, Name: name, Want: sm.Want, Patch: patch, FailingProbes: sm.FailingProbes}, err
 			}
 		}

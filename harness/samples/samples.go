@@ -46,6 +46,9 @@ type Sample struct {
 	Want string `yaml:"want"`
 	// FailingProbes are exactly the probes that must fail, when Want is probes_failed.
 	FailingProbes []string `yaml:"failing_probes"`
+	// On is "gold" when the patch is written on top of the gold tree (how an upstream task's
+	// samples are kept: a few lines over gold, no upstream file); empty means on the base.
+	On string `yaml:"on"`
 }
 
 var nameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9-]*$`)
@@ -86,6 +89,9 @@ func Load(dir, taskID string, ps *probe.Set) (*Set, error) {
 		if fi, err := os.Stat(filepath.Join(dir, sm.Patch)); sm.Patch == "" || !filepath.IsLocal(sm.Patch) || err != nil || !fi.Mode().IsRegular() {
 			doc.Errorf(at("patch"), "%q is not a file inside %s", sm.Patch, dir)
 		}
+		if sm.On != "" && sm.On != "gold" {
+			doc.Errorf(at("on"), "must be gold or left out, got %q", sm.On)
+		}
 		if !slices.Contains(Wants, sm.Want) {
 			doc.Errorf(at("want"), "must be one of %s, got %q", strings.Join(Wants, ", "), sm.Want)
 		}
@@ -107,9 +113,25 @@ func Load(dir, taskID string, ps *probe.Set) (*Set, error) {
 	return s, nil
 }
 
-// Read returns a sample's patch.
-func (s *Set) Read(sm Sample) ([]byte, error) {
-	return os.ReadFile(filepath.Join(s.Dir, sm.Patch))
+// OnGold turns a diff written on top of the gold tree into a submission against the base
+// (upstream.OnGold with the task's mirror); nil where no sample is written on gold.
+type OnGold func(diff []byte) ([]byte, error)
+
+// Read returns a sample's submission: its patch, or for a sample written on the gold tree, the
+// patch composed with gold by onGold.
+func (s *Set) Read(sm Sample, onGold OnGold) ([]byte, error) {
+	data, err := os.ReadFile(filepath.Join(s.Dir, sm.Patch))
+	if err != nil || sm.On != "gold" {
+		return data, err
+	}
+	if onGold == nil {
+		return nil, fmt.Errorf("sample %s is written on gold: its task's repository is needed (a mirror)", sm.Name)
+	}
+	out, err := onGold(data)
+	if err != nil {
+		return nil, fmt.Errorf("sample %s: %w", sm.Name, err)
+	}
+	return out, nil
 }
 
 // Uncovered returns, sorted, the probes that no sample is built to fail: probes without

@@ -59,9 +59,19 @@ func TestLoadAndCoverage(t *testing.T) {
 	if got := s.Uncovered(ps); len(got) != 0 {
 		t.Errorf("Uncovered() = %v, want none", got)
 	}
-	patch, err := s.Read(s.Samples[0])
+	patch, err := s.Read(s.Samples[0], nil)
 	if err != nil || string(patch) != "diff --git a/x b/x\n" {
 		t.Errorf("Read = %q, %v", patch, err)
+	}
+	// A sample written on the gold tree is composed with gold; without a composer it says why.
+	onGold := s.Samples[0]
+	onGold.On = "gold"
+	if _, err := s.Read(onGold, nil); err == nil || !strings.Contains(err.Error(), "written on gold") {
+		t.Errorf("Read(on gold, no composer) error = %v", err)
+	}
+	composed, err := s.Read(onGold, func(d []byte) ([]byte, error) { return append([]byte("gold+"), d...), nil })
+	if err != nil || string(composed) != "gold+diff --git a/x b/x\n" {
+		t.Errorf("Read(on gold) = %q, %v", composed, err)
 	}
 
 	partial := strings.Replace(good, "  - {name: both, patch: samples/both.patch, want: probes_failed, failing_probes: [wired, small]}\n", "", 1)

@@ -140,6 +140,10 @@ type Timeouts struct {
 	ApplyD, TestsD, ProbesD time.Duration `yaml:"-"`
 }
 
+// InstructionPlaceholder opens an instruction that has not been written yet (as task import
+// leaves it): validation refuses such a task.
+const InstructionPlaceholder = "TODO(instruction):"
+
 // Defaults applied when a field is absent.
 const (
 	DefaultPids      = 512

@@ -9,9 +9,11 @@ package upstream
 import (
 	"bytes"
 	"context"
+	"crypto/sha1"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -311,4 +313,100 @@ func Attach(ctx context.Context, storeDir string, t *task.Task, mirrors mirror.M
 		Digest:        digest.Bytes([]byte(d.Gold + "\n" + d.TestPatch + "\n" + d.PRDescription)),
 	}
 	return nil
+}
+
+// Provenance checks that a task carries nothing of its upstream repository: no patch files in
+// its directory or its probes', and, where gitDir (the repository's mirror) is given, no file
+// whose bytes are a blob of that repository. Files under 64 bytes are not compared (an empty
+// __init__.py is in every repository). It returns one line per problem.
+func Provenance(ctx context.Context, dirs []string, gitDir string) ([]string, error) {
+	var problems []string
+	type file struct {
+		path, blob string
+	}
+	var files []file
+	for _, dir := range dirs {
+		err := filepath.WalkDir(dir, func(p string, e os.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if e.IsDir() || !e.Type().IsRegular() {
+				return nil
+			}
+			if ext := filepath.Ext(p); ext == ".patch" || ext == ".diff" {
+				problems = append(problems, fmt.Sprintf("%s: an upstream task carries no patch files (they are derived from its commits)", p))
+			}
+			data, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			if len(data) >= 64 {
+				h := sha1.New()
+				fmt.Fprintf(h, "blob %d\x00", len(data))
+				h.Write(data)
+				files = append(files, file{p, hex.EncodeToString(h.Sum(nil))})
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+	}
+	if gitDir == "" || len(files) == 0 {
+		return problems, nil
+	}
+	var in strings.Builder
+	for _, f := range files {
+		in.WriteString(f.blob + "\n")
+	}
+	cmd := exec.CommandContext(ctx, "git", "--git-dir", gitDir, "cat-file", "--batch-check")
+	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
+	cmd.Stdin = strings.NewReader(in.String())
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("checking blobs in %s: %w", gitDir, err)
+	}
+	for i, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if i < len(files) && !strings.HasSuffix(line, " missing") {
+			problems = append(problems, fmt.Sprintf("%s: its bytes are blob %s of the upstream repository: upstream code or text is never checked in", files[i].path, files[i].blob))
+		}
+	}
+	return problems, nil
+}
+
+// OnGold turns a diff written on top of a change's gold tree into a submission against the
+// base: in a scratch index (no work tree), the base's tree with the gold patch and then the diff
+// applied, as one binary-safe diff from the base. A sample wrong fix is stored this way: a few
+// changed lines over gold, never the upstream files themselves.
+func OnGold(ctx context.Context, gitDir, base string, gold, diff []byte) ([]byte, error) {
+	idx, err := os.CreateTemp("", "infradev-ongold-*.index")
+	if err != nil {
+		return nil, err
+	}
+	idx.Close()
+	os.Remove(idx.Name()) // git writes it
+	defer os.Remove(idx.Name())
+	g := func(stdin []byte, args ...string) ([]byte, error) {
+		cmd := exec.CommandContext(ctx, "git", append([]string{"--git-dir", gitDir}, args...)...)
+		cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "GIT_INDEX_FILE="+idx.Name(), "LC_ALL=C")
+		cmd.Stdin = bytes.NewReader(stdin)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return nil, fmt.Errorf("git %s: %w: %s", args[0], err, strings.TrimSpace(stderr.String()))
+		}
+		return out, nil
+	}
+	if _, err := g(nil, "read-tree", base); err != nil {
+		return nil, err
+	}
+	if _, err := g(gold, "apply", "--cached", "-"); err != nil {
+		return nil, fmt.Errorf("the gold patch: %w", err)
+	}
+	if _, err := g(diff, "apply", "--cached", "-"); err != nil {
+		return nil, fmt.Errorf("the diff does not apply over gold: %w", err)
+	}
+	return g(nil, "diff", "--cached", "--binary", "--full-index", "--no-renames", "--no-ext-diff", "--no-textconv",
+		"--src-prefix=a/", "--dst-prefix=b/", base)
 }

@@ -79,3 +79,55 @@ func TestMaterialize(t *testing.T) {
 		t.Errorf("no official tests: %v", err)
 	}
 }
+
+// TestProvenance: a task directory holding a copy of an upstream file, or a patch file, is
+// named; one holding only its own text is not.
+func TestProvenance(t *testing.T) {
+	u := fixture.New(t)
+	taskDir, probesDir := t.TempDir(), t.TempDir()
+	os.WriteFile(filepath.Join(taskDir, "task.yaml"), []byte("schema: infradev.task/v1\nid: calc-0001\n# written here, long enough to be compared with the blobs\n"), 0o644)
+	os.WriteFile(filepath.Join(taskDir, "instruction.md"), []byte("Add mul and power to calc, with the interfaces below, written here.\n"), 0o644)
+	clean, err := upstream.Provenance(context.Background(), []string{taskDir, probesDir}, u.GitDir)
+	if err != nil || len(clean) != 0 {
+		t.Fatalf("a clean task: %v %v", clean, err)
+	}
+	ops, _ := os.ReadFile(filepath.Join(u.Work, "calc", "ops.py"))
+	os.WriteFile(filepath.Join(probesDir, "reference_ops.py"), ops, 0o644)
+	os.WriteFile(filepath.Join(taskDir, "gold.patch"), []byte("diff --git a/x b/x\n"), 0o644)
+	got, err := upstream.Provenance(context.Background(), []string{taskDir, probesDir}, u.GitDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(got, "\n")
+	if len(got) != 2 || !strings.Contains(text, "reference_ops.py: its bytes are blob") || !strings.Contains(text, "gold.patch: an upstream task carries no patch files") {
+		t.Errorf("Provenance() =\n%s", text)
+	}
+	// Offline (no mirror): the patch file is still named.
+	if got, _ := upstream.Provenance(context.Background(), []string{taskDir}, ""); len(got) != 1 {
+		t.Errorf("offline: %v", got)
+	}
+}
+
+// TestOnGold: a diff written over the gold tree becomes one submission against the base, which
+// git applies there and which holds both the change and the diff.
+func TestOnGold(t *testing.T) {
+	u := fixture.New(t)
+	m, _ := mirror.Parse(fixture.URL+"="+u.GitDir, "test")
+	d, err := upstream.Materialize(context.Background(), t.TempDir(), upstream.Change{URL: fixture.URL, BaseCommit: u.Base, MergeCommit: u.Merge}, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gold, _ := os.ReadFile(filepath.Join(d.Dir, upstream.GoldFile))
+	wrong := []byte("--- a/calc/ops.py\n+++ b/calc/ops.py\n@@ -5,3 +5,3 @@\n def mul(a, b):\n-    return a * b\n+    return a * b if a else b\n \n")
+	sub, err := upstream.OnGold(context.Background(), u.GitDir, u.Base, gold, wrong)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(sub), "+    return a * b if a else b") || !strings.Contains(string(sub), "+def power(a, n):") {
+		t.Errorf("composed submission:\n%s", sub)
+	}
+	if _, err := upstream.OnGold(context.Background(), u.GitDir, u.Base, gold, []byte("--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-x\n+y\n")); err == nil ||
+		!strings.Contains(err.Error(), "does not apply over gold") {
+		t.Errorf("a diff that does not apply over gold: %v", err)
+	}
+}

@@ -36,6 +36,8 @@ type Options struct {
 	Out string
 	// Tamper runs the tamper check (default on through the CLI).
 	Tamper bool
+	// OnGold composes samples written on the gold tree (upstream tasks); nil otherwise.
+	OnGold samples.OnGold
 	// Baseline is called with gold's results when the task has budgeted probes, to write or
 	// keep the baseline; it returns what it did and the probes to judge budgets with.
 	Baseline func(golds []*result.Result) (string, *probe.Set, error)
@@ -148,7 +150,7 @@ func Task(ctx context.Context, rn Runner, in runner.Inputs, ss *samples.Set, gol
 	rep.Samples = len(samplesList)
 	patches := map[string][]byte{}
 	for _, sm := range samplesList {
-		patch, err := ss.Read(sm)
+		patch, err := ss.Read(sm, o.OnGold)
 		if err != nil {
 			return nil, err
 		}

@@ -55,3 +55,19 @@ def infradev_env_image(name, spec = "env.yaml", lock = "env.lock", srcs = [], **
     if spec in srcs or lock in srcs:
         fail("infradev_env_image(%s): spec and lock are given apart; leave them out of srcs" % name)
     _env_image(name = name, spec = spec, lock = lock, srcs = srcs, **kwargs)
+
+def infradev_env_definition(name, deps = [], **kwargs):
+    """The files that define an environment, with those of the environments it stacks on.
+
+    An upstream task's test builds its image from them: env.yaml, its locks and sources.
+
+    Args:
+      name: target name; by convention "definition".
+      deps: the definitions of the environments this one stacks on (`from:`).
+      **kwargs: common attributes (visibility, tags).
+    """
+    native.filegroup(
+        name = name,
+        srcs = native.glob(["**"], exclude = ["BUILD.bazel", "**/__pycache__/**"]) + deps,
+        **kwargs
+    )

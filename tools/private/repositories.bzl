@@ -78,6 +78,8 @@ def _predictions_impl(rctx):
         if source:
             # A task the file has no prediction for is scored as an empty submission.
             content = patches.get(task_id, "")
+        elif gold.startswith("upstream:"):
+            content = _derived_gold(rctx, gold[len("upstream:"):])
         else:
             content = rctx.read(rctx.path(Label(gold)))
         rctx.file(task_id + ".patch", content)
@@ -87,12 +89,23 @@ package(default_visibility = ["//visibility:public"])
 exports_files(glob(["*.patch"]))
 """.format(source = source or "each task's gold.patch", model = model or "any"))
 
+def _derived_gold(rctx, task_dir):
+    # An upstream task's gold patch is derived from its commits: from the store, else from a
+    # mirror (INFRADEV_STORE, INFRADEV_GIT_MIRRORS), never checked in.
+    root = rctx.path(Label("//:go.mod")).dirname
+    tool = rctx.path(Label("@infradev_tool//:infradev"))
+    store = rctx.os.environ.get("INFRADEV_STORE", str(root) + "/.infradev/store")
+    res = rctx.execute([tool, "--store", store, "task", "derive", "--print", "gold", str(root) + "/" + task_dir], quiet = True)
+    if res.return_code != 0:
+        fail("infradev_predictions: the gold patch of %s: %s" % (task_dir, res.stderr))
+    return res.stdout
+
 infradev_predictions = repository_rule(
     implementation = _predictions_impl,
     doc = "One patch per task, from the predictions file named by --repo_env=INFRADEV_PREDICTIONS " +
           "(a label or an absolute path; INFRADEV_MODEL picks one model's lines), else each task's gold.",
     attrs = {
-        "tasks": attr.string_dict(doc = "Task id -> label of its gold.patch (written by `infradev gen`).", mandatory = True),
+        "tasks": attr.string_dict(doc = "Task id -> label of its gold.patch, or upstream:<task dir> for a task whose gold is derived (written by `infradev gen`).", mandatory = True),
     },
-    environ = ["INFRADEV_PREDICTIONS", "INFRADEV_MODEL"],
+    environ = ["INFRADEV_PREDICTIONS", "INFRADEV_MODEL", "INFRADEV_STORE", "INFRADEV_GIT_MIRRORS", "INFRADEV_GIT_MIRRORS_FILE"],
 )

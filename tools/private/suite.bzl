@@ -18,4 +18,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:0ebb970c603d69e0f5912ee021e0f32f8a1cd9d4ed3e45a159b62b8a14c21054"
+HARNESS_DIGEST = "sha256:1daeb40ef17880f2e407711ce039ac8b7461267a58ee1493efdd173d1889efcd"

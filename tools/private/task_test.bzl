@@ -17,11 +17,17 @@ stage() {{ # stage DIR DEST FILE...: copy FILEs (relative to DIR), following lin
 stage "{task}" "$TEST_TMPDIR/task" {task_files}
 stage "{probes}" "$TEST_TMPDIR/probes" {probe_files}
 out="${{TEST_UNDECLARED_OUTPUTS_DIR:-$TEST_TMPDIR}}/run"
-exec "{infradev}" --cache "${{INFRADEV_CACHE:-$TEST_TMPDIR/cache}}" run-task \\
-  --task "$TEST_TMPDIR/task" --probes "$TEST_TMPDIR/probes" --layout "{layout}" --image "$(cat "{digest}")" \\
+exec "{infradev}" --cache "${{INFRADEV_CACHE:-$TEST_TMPDIR/cache}}" {store} run-task \\
+  --task "$TEST_TMPDIR/task" --probes "$TEST_TMPDIR/probes" {image} \\
   --patch "{patch}" --out "$out" --model "${{INFRADEV_MODEL:-bazel}}" \\
   --results "${{INFRADEV_RESULTS:-}}"
 """
+
+# An upstream task's image is its framework environment plus its repository at the base
+# commit: run-task builds it (cached layers come from INFRADEV_STORE, the repository from
+# INFRADEV_GIT_MIRRORS, both passed with --test_env), and derives the task's files the same way.
+_UPSTREAM_IMAGE = '--environments "{environments}"'
+_UPSTREAM_STORE = '--store "${{INFRADEV_STORE:-$TEST_TMPDIR/store}}"'
 
 def _runfile(f):
     # Tests start in the main repository's runfiles directory, where a file's short path
@@ -48,10 +54,19 @@ def _task_test_impl(ctx):
     if len(probes) != 1:
         fail("%s: probes must hold exactly one probes.yaml, got %d" % (ctx.label, len(probes)))
     image = ctx.files.environment
-    layout = [f for f in image if f.is_directory]
-    digest = [f for f in image if f.basename.endswith(".digest")]
-    if len(layout) != 1 or len(digest) != 1:
-        fail("%s: environment must be an infradev_env_image" % ctx.label)
+    if ctx.attr.upstream:
+        specs = [f for f in image if f.basename == "env.yaml"]
+        if not specs:
+            fail("%s: an upstream task's environment must be an infradev_env_definition" % ctx.label)
+        image_args = _UPSTREAM_IMAGE.format(environments = _dir(specs[0]).rsplit("/", 1)[0])
+        store_args = _UPSTREAM_STORE.format()
+    else:
+        layout = [f for f in image if f.is_directory]
+        digest = [f for f in image if f.basename.endswith(".digest")]
+        if len(layout) != 1 or len(digest) != 1:
+            fail("%s: environment must be an infradev_env_image" % ctx.label)
+        image_args = '--layout "%s" --image "$(cat "%s")"' % (_runfile(layout[0]), _runfile(digest[0]))
+        store_args = ""
     script = ctx.actions.declare_file(ctx.label.name + ".sh")
     ctx.actions.write(script, _RUNNER.format(
         infradev = _runfile(ctx.executable._infradev),
@@ -59,8 +74,8 @@ def _task_test_impl(ctx):
         task_files = _relative([spec] + ctx.files.srcs, _dir(spec), "task file"),
         probes = _dir(probes[0]),
         probe_files = _relative(ctx.files.probes, _dir(probes[0]), "probe file"),
-        layout = _runfile(layout[0]),
-        digest = _runfile(digest[0]),
+        image = image_args,
+        store = store_args,
         patch = _runfile(ctx.file.submission),
     ), is_executable = True)
     files = [spec, ctx.file.submission, ctx.executable._infradev] + ctx.files.srcs + ctx.files.probes + image
@@ -74,7 +89,8 @@ _task_test = rule(
         "spec": attr.label(doc = "The task's task.yaml.", allow_single_file = ["task.yaml"], mandatory = True),
         "srcs": attr.label_list(doc = "The task's other files: instruction, PR description, gold and tests patches.", allow_files = True),
         "probes": attr.label(doc = "The task's probes: a filegroup holding probes.yaml and the probe files.", allow_files = True, mandatory = True),
-        "environment": attr.label(doc = "The task's environment: an infradev_env_image target.", mandatory = True),
+        "environment": attr.label(doc = "The task's environment: an infradev_env_image target, or for an upstream task an infradev_env_definition.", mandatory = True),
+        "upstream": attr.bool(doc = "The task references an upstream change: its image and files are built by run-task from the environment's definition, the store and the mirrors.", default = False),
         "submission": attr.label(doc = "The patch to score (a unified diff; may be empty).", allow_single_file = True, mandatory = True),
         "_infradev": attr.label(doc = "The InfraDev CLI.", default = "@infradev_tool//:infradev", executable = True, cfg = "exec", allow_single_file = True),
     },
@@ -83,7 +99,7 @@ _task_test = rule(
 # Bazel's timeout classes, in seconds.
 _TIMEOUTS = [("short", 60), ("moderate", 300), ("long", 900), ("eternal", 3600)]
 
-def infradev_task_test(name, spec, probes, environment, submission, srcs = [], gpus = 0, cpus = 1, memory = "", timeout_seconds = 0, tags = [], **kwargs):
+def infradev_task_test(name, spec, probes, environment, submission, srcs = [], gpus = 0, cpus = 1, memory = "", timeout_seconds = 0, tags = [], upstream = False, **kwargs):
     """A task as a test target.
 
     Args:
@@ -99,6 +115,9 @@ def infradev_task_test(name, spec, probes, environment, submission, srcs = [], g
       memory: the task's memory limit, passed to remote pools as an execution property.
       timeout_seconds: the task's own timeouts summed; picks Bazel's timeout class.
       tags: extra tags.
+      upstream: the task references an upstream change (repo.merge_commit): `environment` is
+        then an infradev_env_definition, and run-task builds the image and derives the files
+        (pass INFRADEV_STORE and INFRADEV_GIT_MIRRORS with --test_env).
       **kwargs: common test attributes (visibility, flaky, ...).
     """
     if gpus < 0 or cpus < 1:
@@ -121,6 +140,7 @@ def infradev_task_test(name, spec, probes, environment, submission, srcs = [], g
         all_tags += ["gpu", "resources:gpu:%d" % gpus]
     _task_test(
         name = name,
+        upstream = upstream,
         spec = spec,
         srcs = srcs,
         probes = probes,

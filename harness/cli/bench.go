@@ -19,7 +19,7 @@ import (
 
 func newBenchCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "Benchmarks that print figures and ratios measured side by side"}
-	cmd.AddCommand(newBenchEnvCmd(g), newBenchEvalCmd(g))
+	cmd.AddCommand(newBenchEnvCmd(g), newBenchEvalCmd(g), newBenchTasksCmd(g))
 	return cmd
 }
 

@@ -1,9 +1,13 @@
 package cli
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 
 	"github.com/spf13/cobra"
 
@@ -13,7 +17,7 @@ import (
 
 func newEnvCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "env", Short: "Build, pin, check, share and clean environment images"}
-	cmd.AddCommand(newEnvBuildCmd(g), newEnvVerifyCmd(g), newEnvGCCmd(g), newEnvPlanCmd(), newEnvPushCmd(g), newEnvPullCmd(g))
+	cmd.AddCommand(newEnvBuildCmd(g), newEnvLockCmd(g), newEnvVerifyCmd(g), newEnvGCCmd(g), newEnvPlanCmd(), newEnvPushCmd(g), newEnvPullCmd(g))
 	return cmd
 }
 
@@ -25,6 +29,9 @@ func newEnvBuildCmd(g *globals) *cobra.Command {
 		Long: `Build the environment defined in ENV_DIR/env.yaml into the store's OCI image layout,
 naming it by the environment's name. Each layer is keyed by its parent and its step; steps whose
 key is unchanged are reused. Prints one line per layer (built or cached) and the manifest digest.
+
+A pip step installs from its lock file (written by "infradev env lock"); archives come from
+the store's wheel store (wheels/sha256/<hex>/<file>) and are downloaded only when missing.
 
 ENV_DIR/env.lock pins every layer digest and the manifest digest. It is written when missing
 (or with --write-lock). With --locked the build fails, naming the layer, as soon as a layer's
@@ -53,6 +60,10 @@ Exit codes: 0 built; 1 not as locked; 2 bad definition; 3 build failed.`,
 				opts.Locked = lock
 			}
 			b, err := image.Build(cmd.Context(), env, g.imageStore(), opts)
+			var unlocked *image.UnlockedError
+			if errors.As(err, &unlocked) {
+				return exitf(ExitUsage, "%v", err)
+			}
 			if err != nil {
 				if locked {
 					return exitf(ExitFailed, "%v", err)
@@ -79,6 +90,90 @@ Exit codes: 0 built; 1 not as locked; 2 bad definition; 3 build failed.`,
 	cmd.Flags().BoolVar(&locked, "locked", false, "fail unless every layer and the manifest match env.lock")
 	cmd.Flags().BoolVar(&writeLock, "write-lock", false, "rewrite env.lock from this build")
 	return cmd
+}
+
+func newEnvLockCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "lock ENV_DIR",
+		Short: "Resolve the requirements of the environment's pip steps and write their lock files",
+		Long: `Resolve the requirements of every pip step ENV_DIR/env.yaml defines and write each step's
+lock file beside it: pip's requirements format with hashes, one archive per package
+(name==version --hash=sha256:<hex> # file), sorted, under a header naming the step, the venv
+and the requirements. Resolution runs in the build sandbox with the network, with the image's
+own Python and pip, over the layers below the step (built first, or found cached), so what an
+earlier pip step installed into the venv is not locked again. Steps of the environments ENV_DIR
+stacks on (from:) are not resolved again: their locks must exist.
+
+The host's PIP_* variables (but PIP_FIND_LINKS and those naming host files), proxy settings
+and CA bundle are passed into the sandbox; they say where packages come from, the lock says
+what they are.
+
+Exit codes: 0 locked; 2 bad definition; 3 resolution failed.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			env, err := envspec.Load(args[0])
+			if err != nil {
+				return err
+			}
+			log := cmd.OutOrStdout()
+			if asJSON {
+				log = cmd.ErrOrStderr()
+			}
+			type locked struct {
+				Step     string             `json:"step"`
+				File     string             `json:"file"`
+				Packages []image.PipPackage `json:"packages"`
+			}
+			var out []locked
+			before := map[string][]byte{}
+			for _, s := range env.Layers {
+				if s.Pip != nil {
+					before[s.LockPath()], _ = os.ReadFile(s.LockPath())
+				}
+			}
+			locks, err := image.LockPip(cmd.Context(), env, g.imageStore(), image.Options{Log: log})
+			var unlocked *image.UnlockedError
+			if errors.As(err, &unlocked) {
+				return exitf(ExitUsage, "%v", err)
+			}
+			if err != nil {
+				return exitf(ExitInfra, "%v", err)
+			}
+			for _, s := range env.Layers {
+				for _, l := range locks {
+					if s.Pip == nil || l.Step != s.Name || filepath.Clean(s.Dir) != filepath.Clean(env.Dir) {
+						continue
+					}
+					change := "unchanged"
+					if !bytes.Equal(before[s.LockPath()], l.Format()) {
+						change = "written"
+					}
+					fmt.Fprintf(log, "%s %s: %d packages (%d source distributions)\n", s.LockPath(), change, len(l.Packages), sdists(l))
+					out = append(out, locked{Step: s.Name, File: s.LockPath(), Packages: l.Packages})
+				}
+			}
+			if len(locks) == 0 {
+				fmt.Fprintf(log, "%s defines no pip step\n", filepath.Join(env.Dir, envspec.EnvFile))
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), out)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the locked packages as JSON")
+	return cmd
+}
+
+func sdists(l *image.PipLock) int {
+	n := 0
+	for _, p := range l.Packages {
+		if !p.Wheel() {
+			n++
+		}
+	}
+	return n
 }
 
 func newEnvVerifyCmd(g *globals) *cobra.Command {

@@ -40,6 +40,7 @@ type Step struct {
 	Run    *Run    `yaml:"run,omitempty" json:"run,omitempty"`
 	Git    *Git    `yaml:"git,omitempty" json:"git,omitempty"`
 	Copy   *Copy   `yaml:"copy,omitempty" json:"copy,omitempty"`
+	Pip    *Pip    `yaml:"pip,omitempty" json:"pip,omitempty"`
 
 	// Dir is the directory of the env.yaml that defined the step (sources are relative to it).
 	Dir string `yaml:"-" json:"-"`
@@ -76,6 +77,8 @@ func (s Step) Kind() string {
 		return "git"
 	case s.Copy != nil:
 		return "copy"
+	case s.Pip != nil:
+		return "pip"
 	}
 	return ""
 }
@@ -116,6 +119,22 @@ type Copy struct {
 	Dest   string `yaml:"dest" json:"dest"`
 }
 
+// Pip installs Python packages into a virtual environment from a lock file (pip's
+// requirements format with hashes, beside env.yaml) that `infradev env lock` writes by
+// resolving Requirements over the stack below. The layer is what the installation changed.
+type Pip struct {
+	// Venv is the virtual environment's absolute path; it is created (without pip) if the
+	// layers below do not have it.
+	Venv string `yaml:"venv" json:"venv"`
+	// Requirements are what `infradev env lock` resolves (pip requirement specifiers).
+	Requirements []string `yaml:"requirements" json:"requirements"`
+	// Lock is the lock file's name inside the environment's directory.
+	Lock string `yaml:"lock" json:"lock"`
+}
+
+// LockPath is the lock file of a pip step.
+func (s Step) LockPath() string { return filepath.Join(s.Dir, s.Pip.Lock) }
+
 // Config is the image config.
 type Config struct {
 	Env        map[string]string `yaml:"env"`
@@ -130,13 +149,16 @@ var (
 	imageRefRe = regexp.MustCompile(`^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+@sha256:[0-9a-f]{64}$`)
 )
 
+// EnvFile is the definition's file name inside an environment's directory.
+const EnvFile = "env.yaml"
+
 // Load reads and checks environments/<name>/env.yaml in dir, with the environments it stacks
 // on (from:) before its own layers.
 func Load(dir string) (*Env, error) { return load(dir, map[string]bool{}) }
 
 func load(dir string, seen map[string]bool) (*Env, error) {
 	e := &Env{}
-	doc := specfile.ReadFile(filepath.Join(dir, "env.yaml"), e)
+	doc := specfile.ReadFile(filepath.Join(dir, EnvFile), e)
 	if !doc.Parsed() {
 		return nil, doc.Errs.Err()
 	}
@@ -155,9 +177,15 @@ func load(dir string, seen map[string]bool) (*Env, error) {
 	if e.From != "" && !nameRe.MatchString(e.From) {
 		doc.Errorf("from", "must name a sibling environment, got %q", e.From)
 	}
-	names := map[string]bool{}
+	names, locks := map[string]bool{}, map[string]bool{}
 	for i, s := range e.Layers {
 		e.checkStep(doc, i, s, names)
+		if s.Pip != nil && s.Pip.Lock != "" {
+			if locks[s.Pip.Lock] {
+				doc.Errorf(fmt.Sprintf("layers[%d].pip.lock", i), "%q is the lock of another pip step", s.Pip.Lock)
+			}
+			locks[s.Pip.Lock] = true
+		}
 	}
 	if e.Config.WorkingDir != "" && !filepath.IsAbs(e.Config.WorkingDir) {
 		doc.Errorf("config.workdir", "must be absolute, got %q", e.Config.WorkingDir)
@@ -172,7 +200,7 @@ func load(dir string, seen map[string]bool) (*Env, error) {
 		seen[e.Name] = true
 		parent, err := loadFrom(dir, e.From, seen)
 		if err != nil {
-			return nil, fmt.Errorf("%s: from: %w", filepath.Join(dir, "env.yaml"), err)
+			return nil, fmt.Errorf("%s: from: %w", filepath.Join(dir, EnvFile), err)
 		}
 		e.Layers = append(append([]Step{}, parent.Layers...), e.Layers...)
 		e.Config = mergeConfig(parent.Config, e.Config)
@@ -215,13 +243,13 @@ func (e *Env) checkStep(doc *specfile.Doc, i int, s Step, names map[string]bool)
 	}
 	names[s.Name] = true
 	kinds := 0
-	for _, set := range []bool{s.Debian != nil, s.Image != nil, s.Apt != nil, s.Run != nil, s.Git != nil, s.Copy != nil} {
+	for _, set := range []bool{s.Debian != nil, s.Image != nil, s.Apt != nil, s.Run != nil, s.Git != nil, s.Copy != nil, s.Pip != nil} {
 		if set {
 			kinds++
 		}
 	}
 	if kinds != 1 {
-		doc.Errorf(fmt.Sprintf("layers[%d]", i), "must have exactly one of debian, image, apt, run, git, copy; has %d", kinds)
+		doc.Errorf(fmt.Sprintf("layers[%d]", i), "must have exactly one of debian, image, apt, run, git, copy, pip; has %d", kinds)
 		return
 	}
 	switch {
@@ -295,6 +323,34 @@ func (e *Env) checkStep(doc *specfile.Doc, i int, s Step, names map[string]bool)
 	case s.Copy != nil:
 		e.checkSource(doc, at("copy.source"), s.Copy.Source)
 		checkDest(doc, at("copy.dest"), s.Copy.Dest, true)
+	case s.Pip != nil:
+		e.checkPip(doc, i, s.Pip)
+	}
+}
+
+func (e *Env) checkPip(doc *specfile.Doc, i int, p *Pip) {
+	at := func(f string) string { return fmt.Sprintf("layers[%d].pip.%s", i, f) }
+	if i == 0 && e.From == "" {
+		doc.Errorf(fmt.Sprintf("layers[%d].pip", i), "a pip step needs layers below it (a Python with pip)")
+	}
+	checkDest(doc, at("venv"), p.Venv, false)
+	if len(p.Requirements) == 0 {
+		doc.Errorf(at("requirements"), "must list at least one requirement")
+	}
+	for j, r := range p.Requirements {
+		if strings.TrimSpace(r) == "" || strings.ContainsAny(r, "\n\r#") || strings.HasPrefix(r, "-") {
+			doc.Errorf(fmt.Sprintf("%s[%d]", at("requirements"), j), "must be one requirement specifier (no options or comments), got %q", r)
+		}
+	}
+	switch {
+	case p.Lock == "":
+		doc.Errorf(at("lock"), "is required: a file name beside env.yaml (e.g. torch.lock)")
+	case !filepath.IsLocal(p.Lock) || strings.ContainsRune(p.Lock, '/') || p.Lock == EnvFile:
+		doc.Errorf(at("lock"), "must be a file name inside %s, got %q", e.Dir, p.Lock)
+	default:
+		if fi, err := os.Stat(filepath.Join(e.Dir, p.Lock)); err == nil && fi.IsDir() {
+			doc.Errorf(at("lock"), "%s is a directory", p.Lock)
+		}
 	}
 }
 

@@ -79,3 +79,47 @@ layers:
 		t.Errorf("cyclic from: error = %v", err)
 	}
 }
+
+func TestBadPipSteps(t *testing.T) {
+	root := t.TempDir()
+	dir := write(t, root, "bad", `schema: infradev.env/v1
+name: bad
+layers:
+  - {name: py, pip: {venv: /opt/venv, requirements: [six], lock: six.lock}}
+  - {name: base, copy: {source: ., dest: /}}
+  - {name: rel, pip: {venv: opt/venv, requirements: [six], lock: a.lock}}
+  - {name: none, pip: {venv: /opt/venv, requirements: [], lock: b.lock}}
+  - {name: out, pip: {venv: /opt/venv, requirements: [six], lock: ../x.lock}}
+  - {name: opt, pip: {venv: /opt/venv, requirements: ["--index-url=http://x"], lock: c.lock}}
+  - {name: twice, pip: {venv: /opt/venv, requirements: [six], lock: c.lock}}
+  - {name: nolock, pip: {venv: /opt/venv, requirements: [six]}}
+`)
+	_, err := envspec.Load(dir)
+	for _, want := range []string{
+		"env.yaml:4: layers[0].pip: a pip step needs layers below it",
+		"env.yaml:6: layers[2].pip.venv: must be a clean absolute path",
+		"env.yaml:7: layers[3].pip.requirements: must list at least one requirement",
+		"env.yaml:8: layers[4].pip.lock: must be a file name inside",
+		"env.yaml:9: layers[5].pip.requirements[0]: must be one requirement specifier",
+		"env.yaml:10: layers[6].pip.lock: \"c.lock\" is the lock of another pip step",
+		"env.yaml:11: layers[7].pip.lock: is required",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	good := write(t, root, "good", `schema: infradev.env/v1
+name: good
+from: bad2
+layers:
+  - {name: py, pip: {venv: /opt/venv, requirements: ["torch==2.9.0"], lock: torch.lock}}
+`)
+	write(t, root, "bad2", "schema: infradev.env/v1\nname: bad2\nlayers:\n  - {name: base, copy: {source: ., dest: /}}\n")
+	e, err := envspec.Load(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := e.Layers[1]; s.Kind() != "pip" || s.LockPath() != filepath.Join(good, "torch.lock") {
+		t.Errorf("pip step %+v: kind %s, lock %s", s, s.Kind(), s.LockPath())
+	}
+}

@@ -44,6 +44,10 @@ func (s Store) Layout() string { return filepath.Join(s.Dir, "oci") }
 func (s Store) stepsDir() string { return filepath.Join(s.Dir, "steps") }
 func (s Store) tmpDir() string   { return filepath.Join(s.Dir, "tmp") }
 
+// wheelsDir is the wheel store: every archive a pip step installs, by digest
+// (sha256/<hex>/<file name>), kept across builds so a rebuild downloads nothing.
+func (s Store) wheelsDir() string { return filepath.Join(s.Dir, "wheels") }
+
 // Built is the outcome of a build.
 type Built struct {
 	Name     string       `json:"name"`
@@ -73,6 +77,9 @@ type Options struct {
 	Unpack *unpack.Cache
 	// Sandbox runs run steps. Default: runc with its state under the store.
 	Sandbox sandbox.Sandbox
+	// Wheels is the wheel store pip steps install from (archives by digest). Default: the
+	// store's wheels/ directory.
+	Wheels string
 	// Mirrors resolve the repositories of git url steps without the network; a repository
 	// the map has no entry for is fetched from its URL.
 	Mirrors mirror.Map
@@ -81,40 +88,85 @@ type Options struct {
 // Build builds env into the store and names it env.Name in the layout. Concurrent builds
 // into one store are serialised by a file lock; the second finds every step cached.
 func Build(ctx context.Context, env *envspec.Env, st Store, o Options) (*Built, error) {
+	b, unlock, err := openBuilder(env, st, o)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	out := &Built{Name: env.Name}
+	bls, layers, err := b.layers(ctx, len(env.Layers), o.Locked)
+	if err != nil {
+		return nil, err
+	}
+	out.Layers = bls
+	if o.Locked != nil && len(o.Locked.Layers) != len(out.Layers) {
+		return nil, fmt.Errorf("environment %s is not as locked: %d layers, %s has %d", env.Name, len(out.Layers), LockFile, len(o.Locked.Layers))
+	}
+	img, err := assemble(env, layers)
+	if err != nil {
+		return nil, fmt.Errorf("environment %s: assembling image: %w", env.Name, err)
+	}
+	digest, err := putImage(b.st.Layout(), img, env.Name)
+	if err != nil {
+		return nil, fmt.Errorf("environment %s: writing image: %w", env.Name, err)
+	}
+	out.Manifest = digest
+	if o.Locked != nil && o.Locked.Manifest != digest {
+		return nil, fmt.Errorf("environment %s is not as locked: manifest %s, %s has %s", env.Name, digest, LockFile, o.Locked.Manifest)
+	}
+	fmt.Fprintf(b.log, "image %s %s\n", env.Name, out.Manifest)
+	return out, nil
+}
+
+// openBuilder prepares the store, takes its lock (unlock releases it) and fills in o's
+// defaults.
+func openBuilder(env *envspec.Env, st Store, o Options) (b *builder, unlock func(), err error) {
 	if o.Log == nil {
 		o.Log = io.Discard
 	}
+	// Sandboxes are given paths under the store: the runtime resolves them from elsewhere.
+	if abs, err := filepath.Abs(st.Dir); err == nil {
+		st.Dir = abs
+	}
 	for _, d := range []string{st.Dir, st.stepsDir(), st.tmpDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, fmt.Errorf("preparing store: %w", err)
+			return nil, nil, fmt.Errorf("preparing store: %w", err)
 		}
 	}
 	lock := flock.New(filepath.Join(st.Dir, "lock"))
 	if err := lock.Lock(); err != nil {
-		return nil, fmt.Errorf("locking store %s: %w", st.Dir, err)
+		return nil, nil, fmt.Errorf("locking store %s: %w", st.Dir, err)
 	}
-	defer lock.Unlock()
-
 	if err := initLayout(st.Layout()); err != nil {
-		return nil, fmt.Errorf("preparing OCI layout %s: %w", st.Layout(), err)
+		lock.Unlock()
+		return nil, nil, fmt.Errorf("preparing OCI layout %s: %w", st.Layout(), err)
 	}
-	b := &builder{env: env, st: st, log: o.Log, unpack: o.Unpack, sandbox: o.Sandbox, mirrors: o.Mirrors}
+	b = &builder{env: env, st: st, log: o.Log, unpack: o.Unpack, sandbox: o.Sandbox, mirrors: o.Mirrors, wheels: o.Wheels}
 	if b.unpack == nil {
 		b.unpack = &unpack.Cache{Dir: filepath.Join(st.Dir, "unpacked")}
 	}
 	if b.sandbox == nil {
 		b.sandbox = &sandbox.Runc{StateDir: filepath.Join(st.Dir, "sandbox")}
 	}
-	out := &Built{Name: env.Name}
+	if b.wheels == "" {
+		b.wheels = st.wheelsDir()
+	}
+	return b, func() { lock.Unlock() }, nil
+}
+
+// layers builds the first n steps of the environment, or finds them cached, in order; with
+// locked set it fails at the first layer that differs from the lock.
+func (b *builder) layers(ctx context.Context, n int, locked *Lock) ([]BuiltLayer, []v1.Layer, error) {
+	var out []BuiltLayer
 	var layers []v1.Layer
 	parentKey := ""
-	for i, step := range env.Layers {
+	for i, step := range b.env.Layers[:n] {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		key, err := b.key(parentKey, step)
 		if err != nil {
-			return nil, fmt.Errorf("environment %s, layer %s: %w", env.Name, step.Name, err)
+			return nil, nil, fmt.Errorf("environment %s, layer %s: %w", b.env.Name, step.Name, err)
 		}
 		var bls []BuiltLayer
 		var ls []v1.Layer
@@ -127,41 +179,25 @@ func Build(ctx context.Context, env *envspec.Env, st Store, o Options) (*Built, 
 			bls, ls = []BuiltLayer{bl}, []v1.Layer{l}
 		}
 		if err != nil {
-			return nil, fmt.Errorf("environment %s, layer %s (%s): %w", env.Name, step.Name, step.Kind(), err)
+			return nil, nil, fmt.Errorf("environment %s, layer %s (%s): %w", b.env.Name, step.Name, step.Kind(), err)
 		}
 		for j, bl := range bls {
 			state := "built"
 			if bl.Cached {
 				state = "cached"
 			}
-			fmt.Fprintf(o.Log, "layer %d/%d %-12s %-6s %s %s %s\n", i+1, len(env.Layers), bl.Step, step.Kind(), state, short(bl.Digest), sizeText(bl.Size))
-			if o.Locked != nil {
-				if err := o.Locked.checkLayer(len(out.Layers), bl); err != nil {
-					return nil, fmt.Errorf("environment %s is not as locked: %w", env.Name, err)
+			fmt.Fprintf(b.log, "layer %d/%d %-12s %-6s %s %s %s\n", i+1, len(b.env.Layers), bl.Step, step.Kind(), state, short(bl.Digest), sizeText(bl.Size))
+			if locked != nil {
+				if err := locked.checkLayer(len(out), bl); err != nil {
+					return nil, nil, fmt.Errorf("environment %s is not as locked: %w", b.env.Name, err)
 				}
 			}
-			out.Layers = append(out.Layers, bl)
+			out = append(out, bl)
 			layers = append(layers, ls[j])
 		}
 		parentKey = key
 	}
-	if o.Locked != nil && len(o.Locked.Layers) != len(out.Layers) {
-		return nil, fmt.Errorf("environment %s is not as locked: %d layers, %s has %d", env.Name, len(out.Layers), LockFile, len(o.Locked.Layers))
-	}
-	img, err := assemble(env, layers)
-	if err != nil {
-		return nil, fmt.Errorf("environment %s: assembling image: %w", env.Name, err)
-	}
-	digest, err := putImage(st.Layout(), img, env.Name)
-	if err != nil {
-		return nil, fmt.Errorf("environment %s: writing image: %w", env.Name, err)
-	}
-	out.Manifest = digest
-	if o.Locked != nil && o.Locked.Manifest != digest {
-		return nil, fmt.Errorf("environment %s is not as locked: manifest %s, %s has %s", env.Name, digest, LockFile, o.Locked.Manifest)
-	}
-	fmt.Fprintf(o.Log, "image %s %s\n", env.Name, out.Manifest)
-	return out, nil
+	return out, layers, nil
 }
 
 type builder struct {
@@ -171,6 +207,7 @@ type builder struct {
 	unpack  *unpack.Cache
 	sandbox sandbox.Sandbox
 	mirrors mirror.Map
+	wheels  string
 	// built layers of this build, by index, for steps that read their parents (apt).
 	done []BuiltLayer
 }
@@ -184,6 +221,14 @@ func (b *builder) key(parent string, s envspec.Step) (string, error) {
 	h := sha256.New()
 	// v2: Debian layers are built with a fixed tool environment (toolEnv).
 	fmt.Fprintf(h, "infradev.step/v2\nparent %s\nstep %s\n", parent, def)
+	if s.Pip != nil {
+		// The lock is what the layer is made of: any change to it rebuilds exactly this step.
+		_, data, err := ReadPipLock(s)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(h, "lock sha256:%x\n", sha256.Sum256(data))
+	}
 	var src string
 	switch {
 	case s.Git != nil:

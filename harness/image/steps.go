@@ -42,6 +42,8 @@ func (b *builder) step(ctx context.Context, i int, s envspec.Step, tmp string) (
 		err = w.AddTree(s.Source(s.Copy.Source), s.Copy.Dest, nil)
 	case s.Run != nil:
 		err = b.run(ctx, s.Run, tmp, w)
+	case s.Pip != nil:
+		err = b.pip(ctx, s, tmp, w)
 	}
 	if err != nil {
 		w.Abort()

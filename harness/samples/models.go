@@ -40,22 +40,45 @@ type Model struct {
 
 // Source is what a model may pick from for one task.
 type Source struct {
-	Gold    []byte
+	Task    *task.Task
 	Samples *Set
 	Probes  *probe.Set
-	// OnGold composes the task's samples written on gold (nil when there are none).
-	OnGold OnGold
+	// prep attaches an upstream task's derived files and returns how its samples written on
+	// gold are composed; it runs only for tasks a models file picks from.
+	prep     func(*task.Task) (OnGold, error)
+	prepared bool
+	onGold   OnGold
 }
 
-// Sources loads every task's gold patch, probes and samples under the two roots, by task id.
-// prep, when set, is called on each task before its gold patch is read: it attaches an
-// upstream task's derived files and returns how its samples written on gold are composed.
-func Sources(tasksRoot, probesRoot string, prep func(*task.Task) (OnGold, error)) (map[string]Source, error) {
+// ready prepares the task once: its derived files and its samples' composer.
+func (s *Source) ready() error {
+	if s.prepared || s.prep == nil {
+		return nil
+	}
+	var err error
+	s.onGold, err = s.prep(s.Task)
+	s.prepared = err == nil
+	return err
+}
+
+// Gold is the task's gold patch.
+func (s *Source) Gold() ([]byte, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	return os.ReadFile(s.Task.GoldFile())
+}
+
+// Sources loads every task's probes and samples under the two roots, by task id. prep, when
+// set, is called on a task the first time a pick needs its patches: it attaches an upstream
+// task's derived files and returns how its samples written on gold are composed (so tasks no
+// models file picks from need no mirror).
+func Sources(tasksRoot, probesRoot string, prep func(*task.Task) (OnGold, error)) (map[string]*Source, error) {
 	dirs, err := task.Find(tasksRoot)
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]Source{}
+	out := map[string]*Source{}
 	for id, dir := range dirs {
 		t, err := task.Load(dir)
 		if err != nil {
@@ -69,17 +92,7 @@ func Sources(tasksRoot, probesRoot string, prep func(*task.Task) (OnGold, error)
 		if err != nil {
 			return nil, err
 		}
-		var onGold OnGold
-		if prep != nil {
-			if onGold, err = prep(t); err != nil {
-				return nil, err
-			}
-		}
-		gold, err := os.ReadFile(t.GoldFile())
-		if err != nil {
-			return nil, fmt.Errorf("task %s: %w", id, err)
-		}
-		out[id] = Source{Gold: gold, Samples: ss, Probes: ps, OnGold: onGold}
+		out[id] = &Source{Task: t, Samples: ss, Probes: ps, prep: prep}
 	}
 	return out, nil
 }
@@ -92,7 +105,7 @@ type Pick struct {
 }
 
 // LoadModels reads a models file and resolves every pick against sources (task id -> Source).
-func LoadModels(file string, sources map[string]Source) (*Models, map[string][]Pick, error) {
+func LoadModels(file string, sources map[string]*Source) (*Models, map[string][]Pick, error) {
 	m := &Models{}
 	doc := specfile.ReadFile(file, m)
 	if !doc.Parsed() {
@@ -139,17 +152,24 @@ func LoadModels(file string, sources map[string]Source) (*Models, map[string][]P
 	return m, picks, nil
 }
 
-func resolve(id, name string, src Source) (Pick, error) {
+func resolve(id, name string, src *Source) (Pick, error) {
 	switch name {
 	case "gold":
-		return Pick{Task: id, Name: name, Want: "resolved", Patch: src.Gold}, nil
+		gold, err := src.Gold()
+		if err != nil {
+			return Pick{}, fmt.Errorf("task %s: %w", id, err)
+		}
+		return Pick{Task: id, Name: name, Want: "resolved", Patch: gold}, nil
 	case "empty":
 		return Pick{Task: id, Name: name, Want: result.OfficialTestsFailed}, nil
 	}
 	if src.Samples != nil {
 		for _, sm := range src.Samples.Samples {
 			if sm.Name == name {
-				patch, err := src.Samples.Read(sm, src.OnGold)
+				if err := src.ready(); err != nil {
+					return Pick{}, fmt.Errorf("task %s: %w", id, err)
+				}
+				patch, err := src.Samples.Read(sm, src.onGold)
 				return Pick{Task: id, Name: name, Want: sm.Want, Patch: patch, FailingProbes: sm.FailingProbes}, err
 			}
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/samples"
+	"github.com/infradev/infradev/harness/task"
 )
 
 func TestModelsPicksAndExpectedFigures(t *testing.T) {
@@ -19,10 +20,15 @@ func TestModelsPicksAndExpectedFigures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sources := map[string]samples.Source{
-		"t-1": {Gold: []byte("gold patch"), Samples: s, Probes: ps},
-		"t-2": {Gold: []byte("gold 2"), Probes: ps},
-		"t-3": {Gold: []byte("gold 3"), Samples: s, Probes: ps},
+	withGold := func(body string) *task.Task {
+		d := t.TempDir()
+		os.WriteFile(filepath.Join(d, "gold.patch"), []byte(body), 0o644)
+		return &task.Task{Dir: d, Gold: "gold.patch"}
+	}
+	sources := map[string]*samples.Source{
+		"t-1": {Task: withGold("gold patch"), Samples: s, Probes: ps},
+		"t-2": {Task: withGold("gold 2"), Probes: ps},
+		"t-3": {Task: withGold("gold 3"), Samples: s, Probes: ps},
 	}
 	file := filepath.Join(t.TempDir(), "models.yaml")
 	os.WriteFile(file, []byte(`schema: infradev.models/v1
@@ -68,7 +74,7 @@ models:
     file: ../a.jsonl
     picks: {t-1: nosuch, t-9: gold}
 `), 0o644)
-	_, _, err := samples.LoadModels(file, map[string]samples.Source{"t-1": {Samples: s, Probes: ps}})
+	_, _, err := samples.LoadModels(file, map[string]*samples.Source{"t-1": {Samples: s, Probes: ps}})
 	for _, want := range []string{
 		`models.yaml:4: models[0].file: must be a new .jsonl file`,
 		`models[0].picks.t-1: "nosuch" is not gold, empty or a sample of t-1`,

@@ -124,7 +124,11 @@ type Resources struct {
 
 // GPUs is the GPU part of Resources.
 type GPUs struct {
-	Count     int    `yaml:"count"`
+	// Count is the GPUs an attempt here needs (what the official tests kept for the task use).
+	Count int `yaml:"count"`
+	// Pool is the GPUs the upstream change's own tests use on a GPU pool (its CI's count),
+	// recorded apart: a task whose official tests run on CPU may still be a multi-GPU change.
+	Pool      int    `yaml:"pool"`
 	MinMemory string `yaml:"min_memory"`
 	Connected bool   `yaml:"connected"`
 
@@ -305,6 +309,9 @@ func (t *Task) checkResources(d *specfile.Doc) {
 	}
 	if r.GPUs.Count < 0 {
 		d.Errorf("resources.gpus.count", "must be >= 0, got %d", r.GPUs.Count)
+	}
+	if r.GPUs.Pool < 0 || (r.GPUs.Pool > 0 && r.GPUs.Pool < r.GPUs.Count) {
+		d.Errorf("resources.gpus.pool", "must be >= 0 and at least count, got %d", r.GPUs.Pool)
 	}
 	if r.GPUs.MinMemory != "" {
 		if n, err := specfile.ParseSize(r.GPUs.MinMemory); err != nil {

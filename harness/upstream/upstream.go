@@ -316,7 +316,7 @@ func Attach(ctx context.Context, storeDir string, t *task.Task, mirrors mirror.M
 }
 
 // Provenance checks that a task carries nothing of its upstream repository: no patch files in
-// its directory or its probes', and, where gitDir (the repository's mirror) is given, no file
+// its directory or its probes' (but their samples/, which are written here), and, where gitDir (the repository's mirror) is given, no file
 // whose bytes are a blob of that repository. Files under 64 bytes are not compared (an empty
 // __init__.py is in every repository). It returns one line per problem.
 func Provenance(ctx context.Context, dirs []string, gitDir string) ([]string, error) {
@@ -333,7 +333,8 @@ func Provenance(ctx context.Context, dirs []string, gitDir string) ([]string, er
 			if e.IsDir() || !e.Type().IsRegular() {
 				return nil
 			}
-			if ext := filepath.Ext(p); ext == ".patch" || ext == ".diff" {
+			// Samples are written here (wrong fixes kept as diffs over gold, with no context).
+			if ext := filepath.Ext(p); (ext == ".patch" || ext == ".diff") && filepath.Base(filepath.Dir(p)) != "samples" {
 				problems = append(problems, fmt.Sprintf("%s: an upstream task carries no patch files (they are derived from its commits)", p))
 			}
 			data, err := os.ReadFile(p)
@@ -404,7 +405,9 @@ func OnGold(ctx context.Context, gitDir, base string, gold, diff []byte) ([]byte
 	if _, err := g(gold, "apply", "--cached", "-"); err != nil {
 		return nil, fmt.Errorf("the gold patch: %w", err)
 	}
-	if _, err := g(diff, "apply", "--cached", "-"); err != nil {
+	// --unidiff-zero: samples are kept with no context lines (git diff -U0), so they hold
+	// nothing of the upstream files but the lines they change.
+	if _, err := g(diff, "apply", "--cached", "--unidiff-zero", "-"); err != nil {
 		return nil, fmt.Errorf("the diff does not apply over gold: %w", err)
 	}
 	return g(nil, "diff", "--cached", "--binary", "--full-index", "--no-renames", "--no-ext-diff", "--no-textconv",

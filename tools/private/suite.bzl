@@ -18,4 +18,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:1daeb40ef17880f2e407711ce039ac8b7461267a58ee1493efdd173d1889efcd"
+HARNESS_DIGEST = "sha256:7aed4dcdcbf6a2f1974883a6521d03e23e43817f68f1d20be47faf198f8365b9"

@@ -139,6 +139,7 @@ func probesBuild(id, taskRel string) []byte {
 		"            \"BUILD.bazel\",\n" +
 		"            \"samples.yaml\",\n" +
 		"            \"samples/**\",\n" +
+		"            \"validation.json\",\n" +
 		"            \"**/__pycache__/**\",\n" +
 		"        ],\n" +
 		"    ),\n" +

@@ -153,17 +153,54 @@ func TestRunTaskExitCodesAndJUnit(t *testing.T) {
 	}
 }
 
+// TestValidateDemoTask: a demo task validates, and with --record its validation record makes
+// the catalogue call it validated on CPU; a record is refused when the environment's lock does
+// not pin the image the validation ran on.
 func TestValidateDemoTask(t *testing.T) {
 	requireSandbox(t)
 	root := repoRoot(t)
-	code, stdout, stderr := infradev(t, append(storeFlags(t), "validate",
-		"--probes", filepath.Join(root, "probes"), "--environments", filepath.Join(root, "environments"),
-		"--out", t.TempDir(), filepath.Join(root, "tasks/demo/minitron-0001"))...)
+	tree := t.TempDir()
+	for _, d := range []string{"tasks/demo/minitron-0001", "probes/demo/minitron-0001", "environments/demo"} {
+		if err := os.CopyFS(filepath.Join(tree, d), os.DirFS(filepath.Join(root, d))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	record := filepath.Join(tree, "probes/demo/minitron-0001/validation.json")
+	os.Remove(record)
+	code, stdout, stderr := infradev(t, append(storeFlags(t), "validate", "--record",
+		"--probes", filepath.Join(tree, "probes"), "--environments", filepath.Join(tree, "environments"),
+		"--out", t.TempDir(), filepath.Join(tree, "tasks/demo/minitron-0001"))...)
 	if code != 0 {
 		t.Fatalf("validate exit %d\n%s%s", code, stdout, stderr)
 	}
 	if !regexp.MustCompile(`minitron-0001 +3/3 resolved +official_tests_failed +7/7 as built +10/10 rejected +[0-9]+s +ok`).MatchString(stdout) {
 		t.Errorf("validate table:\n%s", stdout)
+	}
+	catalogue := func() string {
+		code, stdout, stderr := infradev(t, "catalogue", "--tasks", filepath.Join(tree, "tasks"),
+			"--probes", filepath.Join(tree, "probes"), "--environments", filepath.Join(tree, "environments"))
+		if code != 0 {
+			t.Fatalf("catalogue exit %d\n%s%s", code, stdout, stderr)
+		}
+		return stdout
+	}
+	if out := catalogue(); !strings.Contains(out, "| minitron-0001 | (demo) |") || !strings.Contains(out, " | cpu |") {
+		t.Errorf("catalogue after validate --record:\n%s", out)
+	}
+
+	// A lock that pins another image: the validation runs (on what env.yaml builds) but no
+	// record vouches for it, and the old record reads stale.
+	lockFile := filepath.Join(tree, "environments/demo/env.lock")
+	lock, _ := os.ReadFile(lockFile)
+	os.WriteFile(lockFile, []byte(strings.Replace(string(lock), `"manifest": "sha256:`, `"manifest": "sha256:0`, 1)), 0o644)
+	code, stdout, stderr = infradev(t, append(storeFlags(t), "validate", "--record", "--runs", "1", "--no-tamper",
+		"--probes", filepath.Join(tree, "probes"), "--environments", filepath.Join(tree, "environments"),
+		"--out", t.TempDir(), filepath.Join(tree, "tasks/demo/minitron-0001"))...)
+	if code != cli.ExitFailed || !strings.Contains(stderr, "env.lock pins sha256:0") {
+		t.Errorf("validate --record with a lock for another image: exit %d\n%s%s", code, stdout, stderr)
+	}
+	if out := catalogue(); !strings.Contains(out, "stale (environment)") {
+		t.Errorf("catalogue with the lock changed:\n%s", out)
 	}
 }
 

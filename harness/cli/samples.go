@@ -42,12 +42,16 @@ Exit codes: 0 files written, current or verified; 1 a file is stale or a figure 
 			if err != nil {
 				return err
 			}
+			if o.verify != "" {
+				m, picks, err := samples.LoadModelsVerdicts(o.models, sources)
+				if err != nil {
+					return err
+				}
+				return verifyModels(cmd, m, picks, sources, o.verify)
+			}
 			m, picks, err := samples.LoadModels(o.models, sources)
 			if err != nil {
 				return err
-			}
-			if o.verify != "" {
-				return verifyModels(cmd, m, picks, sources, o.verify)
 			}
 			dir := m.Dir
 			if o.out != "" {

@@ -9,9 +9,11 @@ import (
 	"strings"
 	"sync"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/infradev/infradev/harness/image"
 	"github.com/infradev/infradev/harness/mirror"
 	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/result"
@@ -31,6 +33,7 @@ func newValidateCmd(g *globals) *cobra.Command {
 		schemaOnly        bool
 		updateBaseline    bool
 		noTamper          bool
+		record            bool
 		jobs              int
 	}
 	cmd := &cobra.Command{
@@ -74,6 +77,9 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 				t *task.Task
 				p *probe.Set
 				s *samples.Set
+				// digests of the task and its probes as validation found them: a record
+				// vouches for these, and is refused if they change while it runs.
+				taskDigest, probesDigest string
 			}
 			var items []item
 			var errs specfile.Errors
@@ -134,7 +140,13 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 						Msg: fmt.Sprintf("no sample is built to fail probe(s) %s: add a wrong patch each of them catches", strings.Join(un, ", "))})
 					continue
 				}
-				items = append(items, item{t, p, ss})
+				it := item{t: t, p: p, s: ss}
+				if o.record {
+					if it.taskDigest, it.probesDigest, err = validate.Digests(t, p.Dir); err != nil {
+						return exitf(ExitInfra, "%v", err)
+					}
+				}
+				items = append(items, it)
 			}
 			if err := errs.Err(); err != nil {
 				return err
@@ -162,13 +174,20 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 			if err != nil {
 				return err
 			}
-			images := map[string]string{}
+			images, envImages := map[string]string{}, map[string]string{}
 			for _, it := range items {
 				img, err := prep.Task(cmd.Context(), it.t)
 				if err != nil {
 					return exitf(ExitInfra, "%v", err)
 				}
 				images[it.t.ID] = img
+				// The environment image this validation runs on, as the store names it after the
+				// build: a record is written only when env.lock pins that same image.
+				if envImages[it.t.Environment] == "" {
+					if envImages[it.t.Environment], err = image.Resolve(g.imageStore().Layout(), it.t.Environment); err != nil {
+						return exitf(ExitInfra, "%v", err)
+					}
+				}
 			}
 			layout, err := filepath.Abs(g.imageStore().Layout())
 			if err != nil {
@@ -193,6 +212,7 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
 			fmt.Fprintf(tw, "TASK\tGOLD\tEMPTY\tSAMPLES\tTAMPER\tTIME\tCHECK\n")
 			failed := false
+			var recordErrs []error
 			for i, rep := range reports {
 				if errsOut[i] != nil {
 					return exitf(ExitInfra, "%s: %v", items[i].t.ID, errsOut[i])
@@ -216,9 +236,17 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 					goldCol, samplesCol = "-", "-"
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0fs\t%s\n", rep.Task, goldCol, orDash(rep.Empty), samplesCol, tamper, rep.WallSeconds, check)
+				if o.record && rep.OK() {
+					if err := writeRecord(g, items[i].t, items[i].p.Dir, o.envs, envImages[items[i].t.Environment], items[i].taskDigest, items[i].probesDigest, rep); err != nil {
+						recordErrs, failed = append(recordErrs, err), true
+					}
+				}
 			}
 			if err := tw.Flush(); err != nil {
 				return err
+			}
+			for _, err := range recordErrs {
+				fmt.Fprintf(cmd.ErrOrStderr(), "%v\n", err)
 			}
 			if failed {
 				return &ExitError{Code: ExitFailed, Err: fmt.Errorf("validation failed")}
@@ -233,9 +261,39 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 	f.IntVar(&o.runs, "runs", 3, "how many times gold must resolve")
 	f.BoolVar(&o.schemaOnly, "schema-only", false, "check specs only; run nothing")
 	f.BoolVar(&o.updateBaseline, "update-baseline", false, "rewrite baseline.json from this run's gold figures")
+	f.BoolVar(&o.record, "record", false, "write each passing task's validation record (validation.json beside its probes)")
 	f.IntVar(&o.jobs, "jobs", 1, "tasks validated at once (budgeted probes measure time and memory: more at once makes them noisier)")
 	f.BoolVar(&o.noTamper, "no-tamper", false, "skip the tamper check (every sample and the empty patch again with an in-process cheat)")
 	return cmd
+}
+
+// writeRecord writes a passing task's validation record: the digests of what was validated,
+// the environment's locked manifest, the harness and the hardware. It refuses when env.lock does
+// not pin the environment image the validation ran on (an unlocked edit, or a lock rewritten
+// while it ran): the record would vouch for an image nobody validated.
+func writeRecord(g *globals, t *task.Task, probesDir, envs, ranOn, taskDigest, probesDigest string, rep *validate.Report) error {
+	envDir := filepath.Join(envs, t.Environment)
+	lock, err := image.ReadLock(envDir)
+	if err != nil {
+		return err
+	}
+	if lock == nil || lock.Manifest != ranOn {
+		pinned := "nothing"
+		if lock != nil {
+			pinned = lock.Manifest
+		}
+		return fmt.Errorf("%s: no validation record for %s: %s pins %s but the validation ran on %s (write the lock, then validate again)",
+			t.ID, probesDir, filepath.Join(envDir, image.LockFile), pinned, ranOn)
+	}
+	hardware := "cpu"
+	if m := g.machine(); m != nil && len(m.Devices) > 0 {
+		hardware = "gpu:" + m.Devices[0].Name
+	}
+	rec, err := validate.NewRecord(rep, t, probesDir, taskDigest, probesDigest, lock.Manifest, harnessKey(), hardware, time.Now())
+	if err != nil {
+		return err
+	}
+	return validate.WriteRecord(probesDir, rec)
 }
 
 // validateOne validates one task with its gold patch (read from the task).

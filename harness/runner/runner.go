@@ -224,12 +224,14 @@ func taskDigest(t *task.Task) (string, error) {
 }
 
 // notAnInput tells the files in task and probe directories that no attempt reads: Bazel's BUILD
-// files, the samples that check the task itself, Python's byte-code caches. Leaving them out of
+// files, the samples that check the task itself and its validation record, Python's byte-code
+// caches. Leaving them out of
 // the digests keys a result the same whether the task comes from a checkout or from Bazel's
 // runfiles (which hold only the declared inputs), so eval and bazel test share results.
 func notAnInput(rel string) bool {
 	base := path.Base(rel)
-	return base == "BUILD.bazel" || base == "BUILD" || base == "__pycache__" || rel == "samples.yaml" || rel == "samples"
+	return base == "BUILD.bazel" || base == "BUILD" || base == "__pycache__" || rel == "samples.yaml" || rel == "samples" ||
+		rel == "validation.json"
 }
 
 // Leases is where GPU leases are taken: a runtime directory of lock files and the machine.

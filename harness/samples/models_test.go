@@ -85,3 +85,54 @@ models:
 		}
 	}
 }
+
+// TestRealSliceModels: the real slice's models file loads without a mirror (verdicts only, as
+// `samples --verify` reads it), every model picks for every upstream task, and every pick that
+// is a sample names one whose verdict is not resolved; gold picks are the only resolved ones.
+func TestRealSliceModels(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(root, "predictions/real-slice.yaml")
+	if _, err := os.Stat(file); err != nil {
+		t.Skipf("no real slice here: %v", err)
+	}
+	sources, err := samples.Sources(filepath.Join(root, "tasks"), filepath.Join(root, "probes"), func(tk *task.Task) (samples.OnGold, error) {
+		t.Fatalf("task %s: a verdicts-only load prepared patches", tk.ID)
+		return nil, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, picks, err := samples.LoadModelsVerdicts(file, sources)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var upstream []string
+	for id, src := range sources {
+		if src.Task.Upstream() {
+			upstream = append(upstream, id)
+		}
+	}
+	if len(upstream) == 0 || len(m.Models) < 2 {
+		t.Fatalf("%d upstream tasks, %d models", len(upstream), len(m.Models))
+	}
+	for _, md := range m.Models {
+		got := map[string]samples.Pick{}
+		for _, p := range picks[md.Name] {
+			got[p.Task] = p
+			if p.Patch != nil {
+				t.Errorf("%s %s: a verdicts-only load read a patch", md.Name, p.Task)
+			}
+			if (p.Name == "gold") != (p.Want == "resolved") {
+				t.Errorf("%s %s: pick %s wants %s", md.Name, p.Task, p.Name, p.Want)
+			}
+		}
+		for _, id := range upstream {
+			if _, ok := got[id]; !ok {
+				t.Errorf("%s picks nothing for %s", md.Name, id)
+			}
+		}
+	}
+}

@@ -1,0 +1,183 @@
+// Package catalogue owns the table of tasks users read: per task its project and upstream
+// change, the kind of change, the probe categories, the GPUs it needs here and on a pool, and
+// its validation status, which comes from the task's validation record (written by `infradev
+// validate --record`), never from anything typed by hand. It renders the table as Markdown
+// and keeps the copy in the README between markers current.
+package catalogue
+
+import (
+	"bytes"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/infradev/infradev/harness/image"
+	"github.com/infradev/infradev/harness/probe"
+	"github.com/infradev/infradev/harness/task"
+	"github.com/infradev/infradev/harness/validate"
+)
+
+// Row is one task of the catalogue.
+type Row struct {
+	ID, Project, Kind string
+	// Upstream is "owner/repo@short-commit", or "" for the demo suite.
+	Upstream   string
+	Categories []string
+	Probes     int
+	FailToPass int
+	GPUs       int // what an attempt here needs
+	PoolGPUs   int // what the change's own tests use upstream
+	// Status is cpu, gpu (validated, with the record current), stale (a record for another
+	// version of the task or probes), gpu-pending (needs GPUs, not validated on them) or
+	// unvalidated.
+	Status string
+}
+
+// Rows reads every task under tasksRoot with its probes, its environment's lock (under
+// envsRoot) and its record, sorted by project and id.
+func Rows(tasksRoot, probesRoot, envsRoot string) ([]Row, error) {
+	dirs, err := task.Find(tasksRoot)
+	if err != nil {
+		return nil, err
+	}
+	var rows []Row
+	for _, dir := range dirs {
+		t, err := task.Load(dir)
+		if err != nil {
+			return nil, err
+		}
+		pdir := task.ProbesDir(probesRoot, dir)
+		ps, err := probe.Load(pdir, t.ID)
+		if err != nil {
+			return nil, err
+		}
+		r := Row{ID: t.ID, Project: t.Project, Kind: t.Kind, Probes: len(ps.Probes), FailToPass: len(t.Tests.FailToPass),
+			GPUs: t.Resources.GPUs.Count, PoolGPUs: t.Resources.GPUs.Pool}
+		if t.Upstream() {
+			r.Upstream = strings.TrimPrefix(strings.TrimPrefix(t.Repo.URL, "https://"), "github.com/") + "@" + t.Repo.MergeCommit[:12]
+		}
+		seen := map[string]bool{}
+		for _, p := range ps.Probes {
+			if !seen[p.Category] {
+				seen[p.Category] = true
+				r.Categories = append(r.Categories, p.Category)
+			}
+		}
+		sort.Strings(r.Categories)
+		if r.Status, err = status(t, pdir, envsRoot); err != nil {
+			return nil, err
+		}
+		rows = append(rows, r)
+	}
+	sort.Slice(rows, func(i, j int) bool {
+		if rows[i].Project != rows[j].Project {
+			return rows[i].Project < rows[j].Project
+		}
+		return rows[i].ID < rows[j].ID
+	})
+	return rows, nil
+}
+
+func status(t *task.Task, probesDir, envsRoot string) (string, error) {
+	lock, err := image.ReadLock(filepath.Join(envsRoot, t.Environment))
+	if err != nil {
+		return "", err
+	}
+	env := ""
+	if lock != nil {
+		env = lock.Manifest
+	}
+	rec, err := validate.ReadRecord(probesDir)
+	if err != nil {
+		return "", err
+	}
+	if rec == nil {
+		if t.Resources.GPUs.Count > 0 {
+			return "gpu-pending", nil
+		}
+		return "unvalidated", nil
+	}
+	changed, err := rec.Stale(t, probesDir, env)
+	if err != nil {
+		return "", err
+	}
+	if changed != "" {
+		return "stale (" + changed + ")", nil
+	}
+	return rec.Status, nil
+}
+
+// Markdown renders the rows as a table.
+func Markdown(rows []Row) []byte {
+	var b bytes.Buffer
+	b.WriteString("| task | upstream change | kind of change | probe categories | probes | fail-to-pass | GPUs here / on a pool | status |\n")
+	b.WriteString("|---|---|---|---|---:|---:|---:|---|\n")
+	for _, r := range rows {
+		up := r.Upstream
+		if up == "" {
+			up = "(demo)"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | %d | %d / %d | %s |\n", cell(r.ID), cell(up), cell(r.Kind),
+			cell(strings.Join(r.Categories, ", ")), r.Probes, r.FailToPass, r.GPUs, r.PoolGPUs, cell(r.Status))
+	}
+	byProject, byPool, byCategory, byStatus := Counts(rows)
+	fmt.Fprintf(&b, "\n%d tasks. By project: %s. By GPUs on a pool: %s. Probe categories (tasks with one): %s. Status: %s.\n",
+		len(rows), summary(byProject), summary(byPool), summary(byCategory), summary(byStatus))
+	return b.Bytes()
+}
+
+// Markers delimit the generated table in a Markdown file.
+const (
+	Begin = "<!-- catalogue: written by `infradev catalogue --write`; do not edit -->\n"
+	End   = "<!-- end of catalogue -->\n"
+)
+
+// Splice returns doc with the text between the markers replaced by table; doc must hold both.
+func Splice(doc, table []byte, name string) ([]byte, error) {
+	i := bytes.Index(doc, []byte(Begin))
+	j := bytes.Index(doc, []byte(End))
+	if i < 0 || j < i {
+		return nil, fmt.Errorf("%s has no catalogue markers (%q ... %q)", name, strings.TrimSpace(Begin), strings.TrimSpace(End))
+	}
+	var out bytes.Buffer
+	out.Write(doc[:i+len(Begin)])
+	out.Write(table)
+	out.Write(doc[j:])
+	return out.Bytes(), nil
+}
+
+// Counts summarises rows: tasks per project, per GPUs on a pool, per probe category and per
+// status (a stale record counts as stale, whatever changed).
+func Counts(rows []Row) (byProject, byPoolGPUs, byCategory, byStatus map[string]int) {
+	byProject, byPoolGPUs, byCategory, byStatus = map[string]int{}, map[string]int{}, map[string]int{}, map[string]int{}
+	for _, r := range rows {
+		byProject[r.Project]++
+		byPoolGPUs[fmt.Sprint(r.PoolGPUs)]++
+		for _, c := range r.Categories {
+			byCategory[c]++
+		}
+		byStatus[strings.SplitN(r.Status, " ", 2)[0]]++
+	}
+	return
+}
+
+// summary writes counts as "a 2, b 1", keys sorted.
+func summary(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// cell makes text safe in a Markdown table cell: pipes escaped, line breaks flattened.
+func cell(s string) string {
+	s = strings.ReplaceAll(s, "|", "\\|")
+	return strings.Join(strings.Fields(s), " ")
+}

@@ -30,6 +30,10 @@ print("torch", torch.__version__, "numpy", numpy.__version__, "pytest", pytest._
 	"vllm": `import torch, torchvision, transformers, tokenizers, numpy, fastapi, pydantic, msgspec, zmq, blake3, cbor2, gguf, openai, safetensors, sentencepiece, tiktoken, xgrammar, llguidance, compressed_tensors, prometheus_client, psutil, cachetools, pytest, pytest_asyncio
 assert transformers.__version__ == "4.57.1", transformers.__version__
 import setuptools; assert setuptools.__version__ == "80.10.2", setuptools.__version__
+import importlib.metadata as md; assert md.version("vllm").endswith("+cpu"), md.version("vllm")
+from transformers import AutoConfig
+for model, layers in (("Qwen/Qwen3-0.6B", 28), ("Qwen/Qwen1.5-7B", 32), ("facebook/opt-125m", 12)):
+    assert AutoConfig.from_pretrained(model).num_hidden_layers == layers, model
 print("torch", torch.__version__, "transformers", transformers.__version__, "torchvision", torchvision.__version__)`,
 	"verl": `import torch, ray, tensordict, transformers, datasets, hydra, omegaconf, numpy, pandas, pyarrow, accelerate, peft, codetiming, torchdata, wandb, math_verify, antlr4, pytest, pytest_asyncio
 assert numpy.__version__ == "2.3.5", numpy.__version__

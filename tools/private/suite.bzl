@@ -3,6 +3,10 @@
 
 # Task id -> its gold patch (the submission when no predictions are given).
 TASKS = {
+    "megatron-0001": "upstream:tasks/megatron/megatron-0001",
+    "megatron-0002": "upstream:tasks/megatron/megatron-0002",
+    "megatron-0003": "upstream:tasks/megatron/megatron-0003",
+    "megatron-0004": "upstream:tasks/megatron/megatron-0004",
     "minirl-0001": "//tasks/demo/minirl-0001:gold.patch",
     "minirl-0002": "//tasks/demo/minirl-0002:gold.patch",
     "minirl-0003": "//tasks/demo/minirl-0003:gold.patch",
@@ -15,7 +19,13 @@ TASKS = {
     "pagedinfer-0002": "//tasks/demo/pagedinfer-0002:gold.patch",
     "pagedinfer-0003": "//tasks/demo/pagedinfer-0003:gold.patch",
     "pagedinfer-0004": "//tasks/demo/pagedinfer-0004:gold.patch",
+    "verl-0001": "upstream:tasks/verl/verl-0001",
+    "verl-0002": "upstream:tasks/verl/verl-0002",
+    "vllm-0001": "upstream:tasks/vllm/vllm-0001",
+    "vllm-0002": "upstream:tasks/vllm/vllm-0002",
+    "vllm-0003": "upstream:tasks/vllm/vllm-0003",
+    "vllm-0004": "upstream:tasks/vllm/vllm-0004",
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:7aed4dcdcbf6a2f1974883a6521d03e23e43817f68f1d20be47faf198f8365b9"
+HARNESS_DIGEST = "sha256:f339141c2e6f1ba1883a1b44c25d39699592a5ffa4fdd0f16d69d73e35e62eaf"

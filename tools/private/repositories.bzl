@@ -74,31 +74,50 @@ def _predictions_impl(rctx):
         unknown = [i for i in patches if i not in rctx.attr.tasks]
         if unknown:
             fail("%s: predictions for unknown tasks: %s" % (source, ", ".join(sorted(unknown))))
+
+    # Upstream tasks whose gold cannot be derived here (no mirror, nothing stored): their patch
+    # is an action that fails with the reason, so only their targets fail, with that message.
+    missing = []
     for task_id, gold in rctx.attr.tasks.items():
         if source:
             # A task the file has no prediction for is scored as an empty submission.
             content = patches.get(task_id, "")
         elif gold.startswith("upstream:"):
-            content = _derived_gold(rctx, gold[len("upstream:"):])
+            content, why = _derived_gold(rctx, gold[len("upstream:"):])
+            if content == None:
+                rctx.file(task_id + ".why", why)
+                missing.append(task_id)
+                continue
         else:
             content = rctx.read(rctx.path(Label(gold)))
         rctx.file(task_id + ".patch", content)
+    rules = "".join([_UNDERIVED.format(id = i) for i in sorted(missing)])
     rctx.file("BUILD.bazel", """# Submissions to score, one patch per task: from {source} (model {model}).
 package(default_visibility = ["//visibility:public"])
 
 exports_files(glob(["*.patch"]))
-""".format(source = source or "each task's gold.patch", model = model or "any"))
+{rules}""".format(source = source or "each task's gold.patch", model = model or "any", rules = rules))
+
+_UNDERIVED = """
+genrule(
+    name = "{id}.underived",
+    srcs = ["{id}.why"],
+    outs = ["{id}.patch"],
+    cmd = "cat $< >&2; exit 1",
+)
+"""
 
 def _derived_gold(rctx, task_dir):
     # An upstream task's gold patch is derived from its commits: from the store, else from a
-    # mirror (INFRADEV_STORE, INFRADEV_GIT_MIRRORS), never checked in.
+    # mirror (INFRADEV_STORE, INFRADEV_GIT_MIRRORS), never checked in. Returns (patch, None),
+    # or (None, why) when it cannot be derived here.
     root = rctx.path(Label("//:go.mod")).dirname
     tool = rctx.path(Label("@infradev_tool//:infradev"))
     store = rctx.os.environ.get("INFRADEV_STORE", str(root) + "/.infradev/store")
     res = rctx.execute([tool, "--store", store, "task", "derive", "--print", "gold", str(root) + "/" + task_dir], quiet = True)
     if res.return_code != 0:
-        fail("infradev_predictions: the gold patch of %s: %s" % (task_dir, res.stderr))
-    return res.stdout
+        return None, "the gold patch of %s cannot be derived: %s\nPass --repo_env=INFRADEV_GIT_MIRRORS=... (or INFRADEV_STORE holding its derivation), or predictions with --repo_env=INFRADEV_PREDICTIONS.\n" % (task_dir, res.stderr.strip())
+    return res.stdout, None
 
 infradev_predictions = repository_rule(
     implementation = _predictions_impl,

@@ -4,14 +4,31 @@
 package atomicfile
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 )
 
 // Write writes data to path atomically with mode 0644, creating parent directories.
 func Write(path string, data []byte) error {
+	return write(path, bytes.NewReader(data))
+}
+
+// Copy writes the contents of the file src to path atomically with mode 0644, creating parent
+// directories.
+func Copy(src, path string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	return write(path, in)
+}
+
+func write(path string, r io.Reader) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
@@ -19,7 +36,7 @@ func Write(path string, data []byte) error {
 	if err != nil {
 		return err
 	}
-	_, err = f.Write(data)
+	_, err = io.Copy(f, r)
 	if err == nil {
 		err = f.Sync()
 	}

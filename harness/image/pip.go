@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/infradev/infradev/harness/atomicfile"
 	"github.com/infradev/infradev/harness/envspec"
 	"github.com/infradev/infradev/harness/layer"
 	"github.com/infradev/infradev/harness/sandbox"
@@ -603,20 +604,7 @@ func linkOrCopy(src, dst string) error {
 	if err := os.Link(src, dst); err == nil {
 		return nil
 	}
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.Create(dst)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
+	return atomicfile.Copy(src, dst)
 }
 
 func lastLine(s string) string {

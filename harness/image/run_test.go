@@ -13,7 +13,9 @@ import (
 	"github.com/infradev/infradev/harness/internal/testenv"
 )
 
+// layerEntries reads a gzipped layer blob: entry name (without a leading "./") -> contents.
 func layerEntries(t *testing.T, blob string) map[string]string {
+	t.Helper()
 	f, err := os.Open(blob)
 	if err != nil {
 		t.Fatal(err)
@@ -34,7 +36,7 @@ func layerEntries(t *testing.T, blob string) map[string]string {
 			t.Fatal(err)
 		}
 		body, _ := io.ReadAll(tr)
-		out[h.Name] = string(body)
+		out[strings.TrimPrefix(h.Name, "./")] = string(body)
 	}
 }
 

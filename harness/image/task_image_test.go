@@ -1,12 +1,8 @@
 package image_test
 
 import (
-	"archive/tar"
-	"compress/gzip"
 	"context"
 	"errors"
-	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -43,7 +39,7 @@ func TestTaskRepositoryLayer(t *testing.T) {
 		t.Fatalf("two clean builds of the task image: %s vs %s", manifests[0], manifests[1])
 	}
 	top := last.Layers[len(last.Layers)-1]
-	files := layerFiles(t, filepath.Join(store, "oci", "blobs", "sha256", strings.TrimPrefix(top.Digest, "sha256:")))
+	files := layerEntries(t, filepath.Join(store, "oci", "blobs", "sha256", strings.TrimPrefix(top.Digest, "sha256:")))
 	if got := strings.TrimSpace(files["workspace/calc/.git/HEAD"]); got != u.Base {
 		t.Errorf(".git/HEAD = %q, want the base commit %s", got, u.Base)
 	}
@@ -64,31 +60,4 @@ func TestTaskRepositoryLayer(t *testing.T) {
 	if !errors.Is(err, mirror.ErrNotFound) || !strings.Contains(err.Error(), u.Base) {
 		t.Errorf("a mirror without the repository: %v", err)
 	}
-}
-
-func layerFiles(t *testing.T, blob string) map[string]string {
-	t.Helper()
-	f, err := os.Open(blob)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := tar.NewReader(zr)
-	out := map[string]string{}
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, _ := io.ReadAll(tr)
-		out[strings.TrimPrefix(h.Name, "./")] = string(data)
-	}
-	return out
 }

@@ -28,4 +28,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:f339141c2e6f1ba1883a1b44c25d39699592a5ffa4fdd0f16d69d73e35e62eaf"
+HARNESS_DIGEST = "sha256:6f1bc833539237352781ad3fd51ec973c9dfb17553626e2c61d7796bcbed7d41"

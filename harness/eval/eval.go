@@ -90,7 +90,7 @@ func Run(ctx context.Context, c Config) ([]*result.Result, error) {
 		return nil, &InputError{fmt.Errorf("run id %q: must match %s", c.RunID, runIDRe)}
 	}
 	var preds []predictions.Prediction
-	from := map[[2]string]string{}
+	from := map[predictions.Key]string{}
 	for _, f := range c.Predictions {
 		ps, err := predictions.Read(f)
 		if err != nil {
@@ -98,7 +98,7 @@ func Run(ctx context.Context, c Config) ([]*result.Result, error) {
 		}
 		// One run folder per (model, instance): two predictions for it would share it.
 		for _, p := range ps {
-			k := [2]string{p.Model, p.InstanceID}
+			k := p.Key()
 			if prev, dup := from[k]; dup {
 				return nil, &InputError{fmt.Errorf("%s:%d: %s already has a prediction for %s in %s", f, p.Line, p.Model, p.InstanceID, prev)}
 			}
@@ -138,7 +138,7 @@ func Run(ctx context.Context, c Config) ([]*result.Result, error) {
 			continue
 		}
 		if c.Results != nil {
-			r, err := c.Results.CopyOut(it.key, it.dir, it.pred.Model, it.pred.InstanceID)
+			r, err := c.Results.CopyOut(it.key, it.dir, it.identity())
 			if err == nil {
 				s.settle(it, r, "stored")
 				continue
@@ -216,16 +216,25 @@ func (s *session) prepare(ctx context.Context, p predictions.Prediction) (*item,
 	if err != nil {
 		return nil, err
 	}
+	variant := p.PromptVariant
+	if variant == "" {
+		variant = s.c.PromptVariant
+	}
 	in := runner.Inputs{Task: l.t, Probes: l.p, Layout: s.c.Store.Layout(), Image: img,
-		Patch: []byte(p.Patch), InstanceID: p.InstanceID, Model: p.Model, PromptVariant: s.c.PromptVariant}
+		Patch: []byte(p.Patch), InstanceID: p.InstanceID, Model: p.Model, PromptVariant: variant, Attempt: p.Attempt}
 	keys, err := s.c.Runner.Digests(in)
 	if err != nil {
 		return nil, err
 	}
 	// Folder names map names one to one, so no two models or instances share a folder, and
 	// the checked names never leave the run folder.
-	dir := filepath.Join(s.runDir(), predictions.Folder(p.Model), predictions.Folder(p.InstanceID))
+	dir := filepath.Join(s.runDir(), p.ModelFolder(), predictions.Folder(p.InstanceID))
 	return &item{pred: p, in: in, keys: keys, key: resultstore.Key(keys), dir: dir}, nil
+}
+
+// identity is who the item's result belongs to.
+func (it *item) identity() result.Identity {
+	return result.Identity{Model: it.pred.Model, InstanceID: it.pred.InstanceID, PromptVariant: it.in.PromptVariant, Attempt: it.in.Attempt}
 }
 
 // runDir is this evaluation's run folder.
@@ -255,7 +264,7 @@ func (s *session) attempt(ctx context.Context, group []*item, l schedule.Lease) 
 			continue
 		}
 		if s.c.Results != nil {
-			if r, err := s.c.Results.CopyOut(it.key, it.dir, it.pred.Model, it.pred.InstanceID); err == nil {
+			if r, err := s.c.Results.CopyOut(it.key, it.dir, it.identity()); err == nil {
 				s.settle(it, r, "stored")
 				continue
 			} else if !errors.Is(err, resultstore.ErrNotStored) {
@@ -295,9 +304,9 @@ func (s *session) attempt(ctx context.Context, group []*item, l schedule.Lease) 
 	for _, it := range group[1:] {
 		var shared *result.Result
 		if s.c.Results != nil && r.FailureClass != result.InfraError {
-			shared, err = s.c.Results.CopyOut(first.key, it.dir, it.pred.Model, it.pred.InstanceID)
+			shared, err = s.c.Results.CopyOut(first.key, it.dir, it.identity())
 		} else {
-			shared, err = copyResult(first.dir, it.dir, it.pred.Model, it.pred.InstanceID)
+			shared, err = copyResult(first.dir, it.dir, it.identity())
 		}
 		if err != nil {
 			return err
@@ -344,7 +353,7 @@ func (s *session) claim(ctx context.Context, key string) (*flock.Flock, error) {
 func (s *session) notRun(it *item, why error) error {
 	now := time.Now().UTC()
 	r := &result.Result{Schema: result.Schema, InstanceID: it.pred.InstanceID, Model: it.pred.Model,
-		Project: it.in.Task.Project, PromptVariant: s.c.PromptVariant, Inputs: it.keys,
+		Project: it.in.Task.Project, PromptVariant: it.in.PromptVariant, Attempt: it.in.Attempt, Inputs: it.keys,
 		FailureClass: result.NotRun, Reason: why.Error(), StartedAt: now, FinishedAt: now}
 	if err := os.MkdirAll(it.dir, 0o755); err != nil {
 		return err
@@ -405,12 +414,12 @@ func (s *session) task(id string) (*loaded, error) {
 }
 
 // copyResult copies a run folder's result.json to dst for another (model, instance).
-func copyResult(src, dst, model, instance string) (*result.Result, error) {
+func copyResult(src, dst string, id result.Identity) (*result.Result, error) {
 	r, err := result.Read(filepath.Join(src, "result.json"))
 	if err != nil {
 		return nil, err
 	}
-	r.Model, r.InstanceID = model, instance
+	r.SetIdentity(id)
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		return nil, err
 	}

@@ -26,6 +26,11 @@ type Prediction struct {
 	InstanceID string `json:"instance_id"`
 	Model      string `json:"model_name_or_path"`
 	Patch      string `json:"model_patch"`
+	// PromptVariant and Attempt are InfraDev's optional fields for an agent's runs: the prompt
+	// the patch was made from and which of repeated attempts it is (from 1). A file may hold
+	// one prediction per (model, instance, variant, attempt).
+	PromptVariant string `json:"prompt_variant,omitempty"`
+	Attempt       int    `json:"attempt,omitempty"`
 	// Line is the line of the file it was read from.
 	Line int `json:"-"`
 }
@@ -35,6 +40,12 @@ type Prediction struct {
 const MaxLineBytes = 64 << 20
 
 var idRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+
+// VariantRe is what a prompt variant's name must match (e.g. instruction, instruction+skill).
+var VariantRe = regexp.MustCompile(`^[a-z][a-z0-9_]*(\+[a-z][a-z0-9_]*)*$`)
+
+// MaxAttempts bounds an attempt number.
+const MaxAttempts = 1000
 
 // Read reads a predictions file. Every bad line is reported with its number and field; a model
 // that submits twice for one instance is an error.
@@ -49,7 +60,7 @@ func Read(file string) ([]Prediction, error) {
 	bad := func(line int, field, format string, args ...any) {
 		errs = append(errs, specfile.FieldError{File: file, Line: line, Field: field, Msg: fmt.Sprintf(format, args...)})
 	}
-	seen := map[[2]string]int{}
+	seen := map[Key]int{}
 	br := bufio.NewReaderSize(f, 1<<20)
 	for line := 1; ; line++ {
 		text, size, err := readLine(br, MaxLineBytes)
@@ -101,7 +112,13 @@ func Read(file string) ([]Prediction, error) {
 				bad(line, "model_name_or_path", "%s", msg)
 			}
 		}
-		key := [2]string{p.Model, p.InstanceID}
+		if _, ok := raw["prompt_variant"]; ok && !VariantRe.MatchString(p.PromptVariant) {
+			bad(line, "prompt_variant", "must match %s, got %q", VariantRe, p.PromptVariant)
+		}
+		if _, ok := raw["attempt"]; ok && (p.Attempt < 1 || p.Attempt > MaxAttempts) {
+			bad(line, "attempt", "must be 1 to %d, got %d", MaxAttempts, p.Attempt)
+		}
+		key := p.Key()
 		if first, dup := seen[key]; dup {
 			bad(line, "instance_id", "%s already has a prediction from %s on line %d", p.InstanceID, p.Model, first)
 		}
@@ -191,6 +208,26 @@ func CheckModel(m string) string {
 		}
 	}
 	return ""
+}
+
+// Key is what a prediction is one of per file and per run: its model, instance, prompt
+// variant and attempt.
+type Key struct {
+	Model, InstanceID, PromptVariant string
+	Attempt                          int
+}
+
+// Key returns p's key.
+func (p Prediction) Key() Key { return Key{p.Model, p.InstanceID, p.PromptVariant, p.Attempt} }
+
+// ModelFolder is the run folder level that holds a prediction's model: Folder(model) for a
+// plain prediction; for an agent's attempt, Folder(model)@Folder(variant)@attempt, one to one
+// because Folder never writes '@'.
+func (p Prediction) ModelFolder() string {
+	if p.PromptVariant == "" && p.Attempt == 0 {
+		return Folder(p.Model)
+	}
+	return fmt.Sprintf("%s@%s@%d", Folder(p.Model), Folder(p.PromptVariant), p.Attempt)
 }
 
 // Folder maps a model name (or run id, or instance id) to one folder name, one to one: ASCII

@@ -5,6 +5,8 @@ import (
 	"html/template"
 	"io"
 	"sort"
+
+	"github.com/infradev/infradev/harness/probe"
 )
 
 // bar is one bar of a chart.
@@ -61,7 +63,7 @@ func rateBars[T any](items []T, label func(T) string, value func(T) float64) []b
 
 // charts are the page's charts, in order.
 func charts(s Summary) []chart {
-	name := func(m ModelSummary) string { return m.Model }
+	name := func(m ModelSummary) string { return m.Label }
 	gname := func(g Group) string { return g.Name }
 	cs := []chart{
 		{ID: "resolution-by-model", Title: "Resolution rate by model", Max: 1,
@@ -95,15 +97,16 @@ func charts(s Summary) []chart {
 	res := chart{ID: "resources", Title: "Resource use: mean wall time per attempt (s) by model"}
 	mem := chart{ID: "memory", Title: "Resource use: largest peak memory (MiB) by model"}
 	for _, m := range s.Models {
-		res.Bars = append(res.Bars, bar{Label: m.Model, Value: m.MeanWallSeconds, Text: fmt.Sprintf("%.1fs", m.MeanWallSeconds)})
+		res.Bars = append(res.Bars, bar{Label: m.Label, Value: m.MeanWallSeconds, Text: fmt.Sprintf("%.1fs", m.MeanWallSeconds)})
 		mb := float64(m.MaxPeakMemoryBytes) / (1 << 20)
-		mem.Bars = append(mem.Bars, bar{Label: m.Model, Value: mb, Text: fmt.Sprintf("%.0f MiB", mb)})
+		mem.Bars = append(mem.Bars, bar{Label: m.Label, Value: mb, Text: fmt.Sprintf("%.0f MiB", mb)})
 	}
 	return append(cs, res, mem)
 }
 
 var page = template.Must(template.New("report").Funcs(template.FuncMap{
 	"pct": func(v float64) float64 { return 100 * v },
+	"inc": func(i int) int { return i + 1 },
 }).Parse(`<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>InfraDev report: {{.S.RunID}}</title>
 <style>
@@ -122,7 +125,7 @@ rate = of the submissions that passed every official test, the share the probes 
 Tampered = caught forging the official tests' outcomes (counted as not resolved).
 Attempts not run or failed by the infrastructure are counted apart.</p>
 <table><tr><th>model</th><th>submitted</th><th>resolved</th><th>resolution rate</th><th>passed official tests</th><th>probe-rejected</th><th>probe rejection rate</th><th>tampered</th><th>not run / errors</th></tr>
-{{range .S.Models}}<tr><td>{{.Model}}</td><td class="n">{{.SubmittedInstances}}</td><td class="n">{{.ResolvedInstances}}</td><td class="n">{{printf "%.1f%%" (pct .ResolutionRate)}}</td><td class="n">{{.PassedOfficialTests}}</td><td class="n">{{.ProbeRejected}}</td><td class="n">{{printf "%.1f%%" (pct .ProbeRejectionRate)}}</td><td class="n">{{.TamperedInstances}}</td><td class="n">{{.ErrorInstances}}</td></tr>
+{{range .S.Models}}<tr><td>{{.Label}}</td><td class="n">{{.SubmittedInstances}}</td><td class="n">{{.ResolvedInstances}}</td><td class="n">{{printf "%.1f%%" (pct .ResolutionRate)}}</td><td class="n">{{.PassedOfficialTests}}</td><td class="n">{{.ProbeRejected}}</td><td class="n">{{printf "%.1f%%" (pct .ProbeRejectionRate)}}</td><td class="n">{{.TamperedInstances}}</td><td class="n">{{.ErrorInstances}}</td></tr>
 {{end}}</table>
 <div class="charts">
 {{range .Charts}}<svg class="chart" id="{{.ID}}" role="img" aria-label="{{.Title}}" width="100%" viewBox="0 0 700 {{.Height}}" preserveAspectRatio="xMinYMin meet">
@@ -130,9 +133,28 @@ Attempts not run or failed by the infrastructure are counted apart.</p>
 {{range .Layout}}<text x="10" y="{{.Y}}" dy="14" class="lbl">{{.Label}}</text><rect class="bar" x="190" y="{{.Y}}" width="{{.Width}}" height="18" rx="2"></rect><text x="{{.TextX}}" y="{{.Y}}" dy="14" class="val">{{.Text}}</text>
 {{end}}</svg>
 {{end}}</div>
+{{if .S.Taxonomy}}<h2 id="taxonomy">Failure taxonomy</h2>
+<p>Every graded attempt, by failure class and by the categories of the probes that failed (an attempt
+failing probes of two categories counts in both).</p>
+<table><tr><th>model / project</th><th>variant</th><th>graded</th><th>resolved</th>{{range .Classes}}<th>{{.}}</th>{{end}}{{range .Categories}}<th>probe: {{.}}</th>{{end}}</tr>
+{{range $r := .S.Taxonomy}}<tr><td>{{if $r.Project}}project {{$r.Project}}{{else}}{{$r.Model}}{{end}}</td><td>{{$r.PromptVariant}}</td><td class="n">{{$r.Graded}}</td><td class="n">{{$r.Resolved}}</td>{{range $.Classes}}<td class="n">{{index $r.Classes .}}</td>{{end}}{{range $.Categories}}<td class="n">{{index $r.Categories .}}</td>{{end}}</tr>
+{{end}}</table>{{end}}
+{{if .S.PassAtK}}<h2 id="pass-at-k">pass@k</h2>
+<p>The unbiased estimator of pass@k from n graded attempts per task, averaged over tasks, with a 95%
+percentile bootstrap interval from resampling tasks.</p>
+<table><tr><th>model</th><th>variant</th><th>tasks</th><th>attempts</th><th>pass@k [95% interval]</th></tr>
+{{range .S.PassAtK}}<tr><td>{{.Model}}</td><td>{{.PromptVariant}}</td><td class="n">{{.Tasks}}</td><td class="n">{{.Attempts}}</td><td>{{range $i, $e := .PassAt}}@{{inc $i}} {{printf "%.1f%%" (pct $e.Value)}} [{{printf "%.1f" (pct $e.CI.Lo)}}, {{printf "%.1f" (pct $e.CI.Hi)}}]; {{end}}</td></tr>
+{{end}}</table>{{end}}
+{{if .S.Comparisons}}<h2 id="variant-comparison">Prompt variants compared</h2>
+<p>Paired over the tasks both variants were graded on: each task's share of resolved attempts; the
+difference B − A with a 95% paired bootstrap interval, and the exact two-sided sign test on the
+tasks where the variants differ (McNemar's exact test when each has one attempt).</p>
+<table><tr><th>model</th><th>A</th><th>B</th><th>tasks</th><th>A rate</th><th>B rate</th><th>B − A</th><th>95% interval</th><th>B better / A better</th><th>exact p</th></tr>
+{{range .S.Comparisons}}<tr><td>{{.Model}}</td><td>{{.A}}</td><td>{{.B}}</td><td class="n">{{.Tasks}}</td><td class="n">{{printf "%.1f%%" (pct .MeanA)}}</td><td class="n">{{printf "%.1f%%" (pct .MeanB)}}</td><td class="n">{{printf "%+.1f pts" (pct .Diff)}}</td><td>[{{printf "%+.1f" (pct .DiffCI.Lo)}}, {{printf "%+.1f" (pct .DiffCI.Hi)}}]</td><td class="n">{{.BetterB}} / {{.BetterA}}</td><td class="n">{{printf "%.3g" .PValue}}</td></tr>
+{{end}}</table>{{end}}
 <h2>Instances</h2>
 <table><tr><th>model</th><th>instance</th><th>verdict</th><th>reason</th></tr>
-{{range .S.Models}}{{$m := .Model}}{{range .Instances}}<tr><td>{{$m}}</td><td>{{.InstanceID}}</td><td>{{.Verdict}}</td><td>{{.Reason}}</td></tr>
+{{range .S.Models}}{{$m := .Label}}{{range .Instances}}<tr><td>{{$m}}</td><td>{{.InstanceID}}</td><td>{{.Verdict}}</td><td>{{.Reason}}</td></tr>
 {{end}}{{end}}</table>
 <script>
 // Marks the page ready once every chart has drawn its bars; the browser test checks for it.
@@ -148,10 +170,12 @@ Attempts not run or failed by the infrastructure are counted apart.</p>
 
 // WriteHTML writes a self-contained HTML page (no external resources) with the summary tables
 // and SVG charts: resolution rate by model, project and prompt variant, probe rejection rate,
-// failures by class and probe category, and resource use.
+// failures by class and probe category, and resource use; then the failure taxonomy and, for
+// agents' runs, pass@k and the prompt variants compared.
 func WriteHTML(w io.Writer, s Summary) error {
 	return page.Execute(w, struct {
-		S      Summary
-		Charts []chart
-	}{s, charts(s)})
+		S                   Summary
+		Charts              []chart
+		Classes, Categories []string
+	}{s, charts(s), taxonomyClasses, probe.Categories})
 }

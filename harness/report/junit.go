@@ -48,7 +48,7 @@ func WriteJUnit(w io.Writer, results []*result.Result) error {
 	var out junitSuites
 	if len(results) > 1 {
 		for _, m := range Summarize("", results).Models {
-			out.Suites = append(out.Suites, junitSuite{Name: "model " + m.Model, Properties: []junitProperty{
+			out.Suites = append(out.Suites, junitSuite{Name: "model " + m.Label, Properties: []junitProperty{
 				{"submitted", fmt.Sprint(m.SubmittedInstances)},
 				{"resolved", fmt.Sprint(m.ResolvedInstances)},
 				{"resolution_rate", fmt.Sprintf("%.4f", m.ResolutionRate)},
@@ -63,6 +63,9 @@ func WriteJUnit(w io.Writer, results []*result.Result) error {
 		name := r.InstanceID
 		if r.Model != "" {
 			name = r.Model + "/" + r.InstanceID
+		}
+		if r.Attempt > 0 {
+			name += fmt.Sprintf(" [%s #%d]", r.PromptVariant, r.Attempt)
 		}
 		s := junitSuite{Name: name}
 		verdict := junitCase{Name: "verdict", Classname: name, Time: "0"}

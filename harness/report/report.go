@@ -25,6 +25,13 @@ type Summary struct {
 	// Projects and PromptVariants break the same results down another way.
 	Projects       []Group `json:"projects"`
 	PromptVariants []Group `json:"prompt_variants"`
+	// Taxonomy counts every graded attempt's failure class and failed probe categories, per
+	// model and prompt variant and per project.
+	Taxonomy []TaxonomyRow `json:"taxonomy"`
+	// PassAtK and Comparisons are for agents' runs (results with attempt numbers): pass@k per
+	// model and variant, and each model's prompt variants compared over the same tasks.
+	PassAtK     []PassAtK    `json:"pass_at_k,omitempty"`
+	Comparisons []Comparison `json:"variant_comparisons,omitempty"`
 }
 
 // Group is the figures of the results sharing one project or prompt variant.
@@ -43,7 +50,11 @@ type Group struct {
 
 // ModelSummary is one model's figures.
 type ModelSummary struct {
-	Model               string `json:"model_name_or_path"`
+	Model string `json:"model_name_or_path"`
+	// PromptVariant is the prompt the submissions came from; Label names the row ("model", or
+	// "model [variant]" where a model was given more than one prompt).
+	PromptVariant       string `json:"prompt_variant,omitempty"`
+	Label               string `json:"label"`
 	SubmittedInstances  int    `json:"submitted_instances"`
 	CompletedInstances  int    `json:"completed_instances"`
 	ResolvedInstances   int    `json:"resolved_instances"`
@@ -83,25 +94,52 @@ type Instance struct {
 	Reason       string `json:"reason,omitempty"`
 }
 
-// Summarize builds the report of results (any order) for run runID.
+// Summarize builds the report of results (any order) for run runID. The per-model tables
+// count each (model, prompt variant)'s first attempt at each task, as a single-attempt
+// benchmark does; every attempt counts in the taxonomy and in pass@k.
 func Summarize(runID string, results []*result.Result) Summary {
-	byModel := map[string][]*result.Result{}
+	type key struct{ model, variant string }
+	byModel := map[key][]*result.Result{}
+	variants := map[string]map[string]bool{}
+	var first []*result.Result
 	for _, r := range results {
-		byModel[r.Model] = append(byModel[r.Model], r)
+		if r.Attempt > 1 {
+			continue
+		}
+		first = append(first, r)
+		k := key{r.Model, r.PromptVariant}
+		byModel[k] = append(byModel[k], r)
+		if variants[r.Model] == nil {
+			variants[r.Model] = map[string]bool{}
+		}
+		variants[r.Model][r.PromptVariant] = true
 	}
-	models := make([]string, 0, len(byModel))
-	for m := range byModel {
-		models = append(models, m)
+	keys := make([]key, 0, len(byModel))
+	for k := range byModel {
+		keys = append(keys, k)
 	}
-	sort.Strings(models)
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].model != keys[j].model {
+			return keys[i].model < keys[j].model
+		}
+		return keys[i].variant < keys[j].variant
+	})
 	s := Summary{Schema: Schema, RunID: runID}
-	for _, m := range models {
-		rs := byModel[m]
+	for _, k := range keys {
+		rs := byModel[k]
 		sort.Slice(rs, func(i, j int) bool { return rs[i].InstanceID < rs[j].InstanceID })
-		s.Models = append(s.Models, summarizeModel(m, rs))
+		ms := summarizeModel(k.model, rs)
+		ms.PromptVariant, ms.Label = k.variant, k.model
+		if len(variants[k.model]) > 1 {
+			ms.Label = fmt.Sprintf("%s [%s]", k.model, k.variant)
+		}
+		s.Models = append(s.Models, ms)
 	}
-	s.Projects = groups(results, func(r *result.Result) string { return r.Project })
-	s.PromptVariants = groups(results, func(r *result.Result) string { return r.PromptVariant })
+	s.Projects = groups(first, func(r *result.Result) string { return r.Project })
+	s.PromptVariants = groups(first, func(r *result.Result) string { return r.PromptVariant })
+	s.Taxonomy = taxonomy(results)
+	s.PassAtK = passAtK(results)
+	s.Comparisons = comparisons(results)
 	return s
 }
 
@@ -246,14 +284,14 @@ func WriteTable(w io.Writer, s Summary) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "MODEL\tSUBMITTED\tRESOLVED\tRATE\tPASSED TESTS\tPROBE-REJECTED\tREJECTION RATE\tTAMPERED\tERRORS\n")
 	for _, m := range s.Models {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f%%\t%d\t%d\t%.1f%%\t%d\t%d\n", m.Model, m.SubmittedInstances, m.ResolvedInstances,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f%%\t%d\t%d\t%.1f%%\t%d\t%d\n", m.Label, m.SubmittedInstances, m.ResolvedInstances,
 			100*m.ResolutionRate, m.PassedOfficialTests, m.ProbeRejected, 100*m.ProbeRejectionRate, m.TamperedInstances, m.ErrorInstances)
 	}
 	fmt.Fprintln(tw)
 	fmt.Fprintf(tw, "MODEL\tINSTANCE\tVERDICT\tREASON\n")
 	for _, m := range s.Models {
 		for _, in := range m.Instances {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", m.Model, in.InstanceID, in.Verdict, shorten(in.Reason, 120))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", m.Label, in.InstanceID, in.Verdict, shorten(in.Reason, 120))
 		}
 	}
 	return tw.Flush()

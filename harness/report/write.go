@@ -123,7 +123,7 @@ func WriteMarkdown(w io.Writer, s Summary) error {
 	fmt.Fprintf(&b, "# InfraDev report: %s\n\n", s.RunID)
 	b.WriteString("| model | submitted | resolved | resolution rate | passed official tests | probe-rejected | probe rejection rate | tampered | not run / errors |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, m := range s.Models {
-		fmt.Fprintf(&b, "| %s | %d | %d | %.1f%% | %d | %d | %.1f%% | %d | %d |\n", m.Model, m.SubmittedInstances, m.ResolvedInstances,
+		fmt.Fprintf(&b, "| %s | %d | %d | %.1f%% | %d | %d | %.1f%% | %d | %d |\n", m.Label, m.SubmittedInstances, m.ResolvedInstances,
 			100*m.ResolutionRate, m.PassedOfficialTests, m.ProbeRejected, 100*m.ProbeRejectionRate, m.TamperedInstances, m.ErrorInstances)
 	}
 	for _, sec := range []struct {
@@ -137,13 +137,14 @@ func WriteMarkdown(w io.Writer, s Summary) error {
 	}
 	b.WriteString("\n| model | failure classes | failed probe categories | mean wall | max peak memory |\n|---|---|---|---:|---:|\n")
 	for _, m := range s.Models {
-		fmt.Fprintf(&b, "| %s | %s | %s | %.1fs | %.0f MiB |\n", m.Model, counts(m.FailureClasses), counts(m.ProbeCategories),
+		fmt.Fprintf(&b, "| %s | %s | %s | %.1fs | %.0f MiB |\n", m.Label, counts(m.FailureClasses), counts(m.ProbeCategories),
 			m.MeanWallSeconds, float64(m.MaxPeakMemoryBytes)/(1<<20))
 	}
+	writeAgentsMarkdown(&b, s)
 	b.WriteString("\n| model | instance | verdict | reason |\n|---|---|---|---|\n")
 	for _, m := range s.Models {
 		for _, in := range m.Instances {
-			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", m.Model, in.InstanceID, in.Verdict, strings.ReplaceAll(shorten(in.Reason, 160), "|", "\\|"))
+			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", m.Label, in.InstanceID, in.Verdict, strings.ReplaceAll(shorten(in.Reason, 160), "|", "\\|"))
 		}
 	}
 	_, err := io.WriteString(w, b.String())

@@ -52,7 +52,10 @@ type Result struct {
 	Project    string `json:"project,omitempty"`
 	// PromptVariant is the prompt the submission came from (e.g. instruction, pr_description).
 	PromptVariant string `json:"prompt_variant,omitempty"`
-	Inputs        Inputs `json:"inputs"`
+	// Attempt numbers an agent's repeated attempts at one task from 1; 0 for a submission
+	// made elsewhere (a plain predictions file).
+	Attempt int    `json:"attempt,omitempty"`
+	Inputs  Inputs `json:"inputs"`
 
 	Resolved     bool   `json:"resolved"`
 	FailureClass string `json:"failure_class,omitempty"`
@@ -71,6 +74,23 @@ type Result struct {
 	Phases     []Phase   `json:"phases"`
 	StartedAt  time.Time `json:"started_at"`
 	FinishedAt time.Time `json:"finished_at"`
+}
+
+// Identity is who a result belongs to: what a shared or stored verdict is relabelled with.
+// None of it can change a verdict, so none of it is in the result's key.
+type Identity struct {
+	Model, InstanceID, PromptVariant string
+	Attempt                          int
+}
+
+// Identity returns r's identity.
+func (r *Result) Identity() Identity {
+	return Identity{Model: r.Model, InstanceID: r.InstanceID, PromptVariant: r.PromptVariant, Attempt: r.Attempt}
+}
+
+// SetIdentity relabels r as the result of id.
+func (r *Result) SetIdentity(id Identity) {
+	r.Model, r.InstanceID, r.PromptVariant, r.Attempt = id.Model, id.InstanceID, id.PromptVariant, id.Attempt
 }
 
 // Inputs are the digests of everything that can change a verdict.

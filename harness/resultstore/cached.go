@@ -36,7 +36,7 @@ func (c Cached) Run(ctx context.Context, in runner.Inputs, out string) (*result.
 	if instance == "" {
 		instance = in.Task.ID
 	}
-	switch r, err := c.Store.CopyOut(key, out, in.Model, instance); {
+	switch r, err := c.Store.CopyOut(key, out, result.Identity{Model: in.Model, InstanceID: instance, PromptVariant: in.PromptVariant, Attempt: in.Attempt}); {
 	case err == nil:
 		if c.Log != nil {
 			fmt.Fprintf(c.Log, "%s: result from the results store (key %s)\n", instance, key[:16])

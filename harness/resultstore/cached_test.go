@@ -63,7 +63,7 @@ func TestCachedRunsEachInputOnce(t *testing.T) {
 		t.Errorf("a new patch: %d runs, want 2", f.runs)
 	}
 	// A directory store without the entry says so.
-	if _, err := (resultstore.Store{Dir: filepath.Join(dir, "store")}).CopyOut("0000", filepath.Join(dir, "x"), "m", "t-1"); !errors.Is(err, resultstore.ErrNotStored) {
+	if _, err := (resultstore.Store{Dir: filepath.Join(dir, "store")}).CopyOut("0000", filepath.Join(dir, "x"), result.Identity{Model: "m", InstanceID: "t-1"}); !errors.Is(err, resultstore.ErrNotStored) {
 		t.Errorf("Store.CopyOut of a missing key: %v, want ErrNotStored", err)
 	}
 	// Infrastructure errors are not stored: the next attempt runs.

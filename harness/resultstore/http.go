@@ -165,11 +165,11 @@ func (h HTTP) Put(key, src string) error {
 	return h.put(ctx, "ac", key, data)
 }
 
-// CopyOut writes the stored entry for key to dst as the result of (model, instance): every
+// CopyOut writes the stored entry for key to dst relabelled as the result of id: every
 // file fetched and checked, then the folder renamed into place. A cache that cannot be reached,
 // or a missing or corrupt blob, is a miss (ErrNotStored); an entry naming a path outside the run
 // folder is an error.
-func (h HTTP) CopyOut(key, dst, model, instance string) (*result.Result, error) {
+func (h HTTP) CopyOut(key, dst string, id result.Identity) (*result.Result, error) {
 	ar, ok, err := h.actionResult(key)
 	if err != nil {
 		return nil, fmt.Errorf("result %s: %v: %w", key, err, ErrNotStored)
@@ -199,5 +199,5 @@ func (h HTTP) CopyOut(key, dst, model, instance string) (*result.Result, error) 
 			return nil, err
 		}
 	}
-	return finishCopy(tmp, dst, model, instance)
+	return finishCopy(tmp, dst, id)
 }

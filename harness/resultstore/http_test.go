@@ -79,7 +79,7 @@ func TestHTTPStoreRoundTrip(t *testing.T) {
 	if _, ok := store.Get(key); ok {
 		t.Fatal("Get on an empty cache found a result")
 	}
-	if _, err := store.CopyOut(key, filepath.Join(t.TempDir(), "run"), "m", "t-1"); !errors.Is(err, resultstore.ErrNotStored) {
+	if _, err := store.CopyOut(key, filepath.Join(t.TempDir(), "run"), result.Identity{Model: "m", InstanceID: "t-1"}); !errors.Is(err, resultstore.ErrNotStored) {
 		t.Fatalf("CopyOut on an empty cache: %v, want ErrNotStored", err)
 	}
 	if err := store.Put(key, src); err != nil {
@@ -101,7 +101,7 @@ func TestHTTPStoreRoundTrip(t *testing.T) {
 		t.Fatalf("Get = %+v, %v", r, ok)
 	}
 	dst := filepath.Join(t.TempDir(), "run")
-	got, err := store.CopyOut(key, dst, "other-model", "t-1")
+	got, err := store.CopyOut(key, dst, result.Identity{Model: "other-model", InstanceID: "t-1"})
 	if err != nil || got.Model != "other-model" {
 		t.Fatalf("CopyOut = %+v, %v", got, err)
 	}
@@ -131,13 +131,13 @@ func TestHTTPStoreRefusesBrokenEntries(t *testing.T) {
 	if _, ok := store.Get(key); ok {
 		t.Error("Get accepted a corrupt result.json blob")
 	}
-	if _, err := store.CopyOut(key, filepath.Join(t.TempDir(), "run"), "m", "t-1"); !errors.Is(err, resultstore.ErrNotStored) || !strings.Contains(err.Error(), "corrupt") {
+	if _, err := store.CopyOut(key, filepath.Join(t.TempDir(), "run"), result.Identity{Model: "m", InstanceID: "t-1"}); !errors.Is(err, resultstore.ErrNotStored) || !strings.Contains(err.Error(), "corrupt") {
 		t.Errorf("CopyOut of a corrupt entry: %v, want a miss naming the corrupt blob", err)
 	}
 	// An entry naming a path outside the run folder is refused.
 	bad, _ := proto.Marshal(&repb.ActionResult{OutputFiles: []*repb.OutputFile{{Path: "../escape", Digest: &repb.Digest{Hash: strings.Repeat("0", 64)}}}})
 	srv.blobs["/ac/"+key] = bad
-	if _, err := store.CopyOut(key, filepath.Join(t.TempDir(), "run"), "m", "t-1"); err == nil || errors.Is(err, resultstore.ErrNotStored) || !strings.Contains(err.Error(), "leaves the run folder") {
+	if _, err := store.CopyOut(key, filepath.Join(t.TempDir(), "run"), result.Identity{Model: "m", InstanceID: "t-1"}); err == nil || errors.Is(err, resultstore.ErrNotStored) || !strings.Contains(err.Error(), "leaves the run folder") {
 		t.Errorf("CopyOut of ../escape: %v, want an error that is not a mere miss", err)
 	}
 	// A server that cannot be reached is a miss, and Put says why.
@@ -145,7 +145,7 @@ func TestHTTPStoreRefusesBrokenEntries(t *testing.T) {
 	if _, ok := store.Get(key); ok {
 		t.Error("Get from a closed server found a result")
 	}
-	if _, err := store.CopyOut(key, filepath.Join(t.TempDir(), "run"), "m", "t-1"); !errors.Is(err, resultstore.ErrNotStored) {
+	if _, err := store.CopyOut(key, filepath.Join(t.TempDir(), "run"), result.Identity{Model: "m", InstanceID: "t-1"}); !errors.Is(err, resultstore.ErrNotStored) {
 		t.Errorf("CopyOut from a closed server: %v, want a miss", err)
 	}
 	if err := store.Put(key, src); err == nil {

@@ -26,9 +26,9 @@ type Backend interface {
 	Get(key string) (*result.Result, bool)
 	// Put stores the run folder src under key, keeping an existing entry.
 	Put(key, src string) error
-	// CopyOut writes the entry for key to dst as the result of (model, instance). Without a
+	// CopyOut writes the entry for key to dst relabelled as the result of id. Without a
 	// usable entry it returns an error wrapping ErrNotStored: the attempt must run.
-	CopyOut(key, dst, model, instance string) (*result.Result, error)
+	CopyOut(key, dst string, id result.Identity) (*result.Result, error)
 }
 
 // ErrNotStored is wrapped by CopyOut's error when the store holds no usable entry for a key.
@@ -95,9 +95,9 @@ func (s Store) Put(key, src string) error {
 	return nil
 }
 
-// CopyOut writes the stored entry for key to dst as the result of (model, instance): the
+// CopyOut writes the stored entry for key to dst relabelled as the result of id: the
 // folder is copied whole, then renamed into place.
-func (s Store) CopyOut(key, dst, model, instance string) (*result.Result, error) {
+func (s Store) CopyOut(key, dst string, id result.Identity) (*result.Result, error) {
 	src := filepath.Join(s.Dir, key)
 	if _, ok := s.Get(key); !ok {
 		return nil, fmt.Errorf("result %s: %w", key, ErrNotStored)
@@ -107,16 +107,16 @@ func (s Store) CopyOut(key, dst, model, instance string) (*result.Result, error)
 	if err := copyTree(src, tmp); err != nil {
 		return nil, err
 	}
-	return finishCopy(tmp, dst, model, instance)
+	return finishCopy(tmp, dst, id)
 }
 
-// finishCopy records (model, instance) in the copied folder tmp and renames it to dst.
-func finishCopy(tmp, dst, model, instance string) (*result.Result, error) {
+// finishCopy records id in the copied folder tmp and renames it to dst.
+func finishCopy(tmp, dst string, id result.Identity) (*result.Result, error) {
 	r, err := result.Read(filepath.Join(tmp, "result.json"))
 	if err != nil {
 		return nil, err
 	}
-	r.Model, r.InstanceID = model, instance
+	r.SetIdentity(id)
 	if err := result.Write(filepath.Join(tmp, "result.json"), r); err != nil {
 		return nil, err
 	}

@@ -58,8 +58,10 @@ type Inputs struct {
 	MeasureBudgets bool
 	// GPUs are the device indices leased to this attempt (CUDA_VISIBLE_DEVICES inside).
 	GPUs []int
-	// PromptVariant names the prompt the submission was made from (recorded only).
+	// PromptVariant names the prompt the submission was made from, and Attempt which of an
+	// agent's repeated attempts it is (both recorded only).
 	PromptVariant string
+	Attempt       int
 	// Cheat names an in-process cheat (package cheat) the harness adds to the submission, as
 	// the code under test would carry it: how validation checks that canaries and probes hold.
 	Cheat string
@@ -123,7 +125,7 @@ func (r *Runner) Run(ctx context.Context, in Inputs, out string) (*result.Result
 		res.InstanceID = in.Task.ID
 	}
 	res.EmptyPatch = len(strings.TrimSpace(string(in.Patch))) == 0
-	res.Project, res.PromptVariant = in.Task.Project, in.PromptVariant
+	res.Project, res.PromptVariant, res.Attempt = in.Task.Project, in.PromptVariant, in.Attempt
 	res.FailToPass = len(in.Task.Tests.FailToPass)
 	inputs, err := r.Digests(in)
 	if err != nil {

@@ -28,4 +28,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:6f1bc833539237352781ad3fd51ec973c9dfb17553626e2c61d7796bcbed7d41"
+HARNESS_DIGEST = "sha256:6b27a2a0c8d74cfb58c1846b299708497366e09f178ca6eb84ea2cce1ad68734"

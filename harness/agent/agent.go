@@ -27,8 +27,10 @@ type Agent interface {
 
 // Job is one attempt's brief.
 type Job struct {
-	// TaskID names the task (also given to command agents as $INFRADEV_TASK_ID).
-	TaskID string
+	// TaskID names the task and Attempt the attempt (given to command agents as
+	// $INFRADEV_TASK_ID and $INFRADEV_ATTEMPT).
+	TaskID  string
+	Attempt int
 	// Prompt is the prompt's text (the same as the file at PromptDir/prompt.md).
 	Prompt string
 	// Out is the attempt's folder on the host: transcript and logs go there.

@@ -155,7 +155,7 @@ func (r *Runner) Run(ctx context.Context, a Attempt) (*Record, error) {
 	}
 	defer ws.Close()
 	ag := r.agent(a.Spec)
-	o, err := ag.Solve(ctx, ws, Job{TaskID: t.ID, Prompt: prompt, Out: a.Out, Wall: a.Spec.Wall, Steps: a.Spec.Budget.Steps})
+	o, err := ag.Solve(ctx, ws, Job{TaskID: t.ID, Attempt: a.Attempt, Prompt: prompt, Out: a.Out, Wall: a.Spec.Wall, Steps: a.Spec.Budget.Steps})
 	if err != nil {
 		return fail(err)
 	}

@@ -23,7 +23,7 @@ func (c Command) Solve(ctx context.Context, ws *Workspace, j Job) (*Outcome, err
 	if get == nil {
 		get = os.Getenv
 	}
-	env := []string{"INFRADEV_TASK_ID=" + j.TaskID, fmt.Sprintf("INFRADEV_MAX_STEPS=%d", j.Steps)}
+	env := []string{"INFRADEV_TASK_ID=" + j.TaskID, fmt.Sprintf("INFRADEV_ATTEMPT=%d", j.Attempt), fmt.Sprintf("INFRADEV_MAX_STEPS=%d", j.Steps)}
 	for _, name := range c.Spec.Env {
 		if v, ok := lookup(get, name); ok {
 			env = append(env, name+"="+v)

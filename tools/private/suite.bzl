@@ -28,4 +28,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:6b27a2a0c8d74cfb58c1846b299708497366e09f178ca6eb84ea2cce1ad68734"
+HARNESS_DIGEST = "sha256:dbefca29c6dea6d500ab6e2698ff851b5b9545c4196725aa3a31ad527f318ab8"

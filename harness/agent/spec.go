@@ -10,6 +10,7 @@ import (
 
 	"github.com/infradev/infradev/harness/digest"
 	"github.com/infradev/infradev/harness/envspec"
+	"github.com/infradev/infradev/harness/fault"
 	"github.com/infradev/infradev/harness/specfile"
 )
 
@@ -191,7 +192,7 @@ func Find(root, name string) (*Spec, error) {
 		dir = filepath.Join(root, name)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "agent.yaml")); err != nil {
-		return nil, fmt.Errorf("agent %q: no %s", name, filepath.Join(dir, "agent.yaml"))
+		return nil, fault.Inputf("agent %q: no %s", name, filepath.Join(dir, "agent.yaml"))
 	}
 	return LoadSpec(dir)
 }

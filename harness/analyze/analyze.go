@@ -9,12 +9,12 @@ package analyze
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
 
 	"github.com/infradev/infradev/harness/atomicfile"
+	"github.com/infradev/infradev/harness/fault"
 	"github.com/infradev/infradev/harness/patchread"
 	"github.com/infradev/infradev/harness/report"
 	"github.com/infradev/infradev/harness/result"
@@ -127,7 +127,7 @@ func Run(c Config) (*Analysis, error) {
 		return nil, err
 	}
 	if len(stored) == 0 {
-		return nil, fmt.Errorf("%s holds no results (<run>/<model>/<instance>/result.json)", c.RunDir)
+		return nil, fault.Inputf("%s holds no results (<run>/<model>/<instance>/result.json)", c.RunDir)
 	}
 	results := make([]*result.Result, len(stored))
 	for i, s := range stored {

@@ -2,12 +2,11 @@ package analyze
 
 import (
 	"fmt"
-	"net/url"
-	"path/filepath"
 	"sort"
 	"strings"
 
 	"github.com/infradev/infradev/harness/patchread"
+	"github.com/infradev/infradev/harness/report"
 )
 
 // Markdown renders an analysis for people: the taxonomy, pass@k and variant comparisons, the
@@ -73,15 +72,15 @@ func Markdown(a *Analysis) string {
 		if len(near) > 0 {
 			nearText += " (" + strings.Join(near, ", ") + ")"
 		}
-		fmt.Fprintf(&b, "| %s | %s | %d | %s | %.1f%% (%d/%d) | %.1f%% (%d/%d) | %s |\n", c.Model, c.PromptVariant, c.Compared, nearText,
-			100*c.ResolutionRate, c.Resolved, c.Graded, 100*c.ResolutionRateWithout, c.ResolvedWithout, c.GradedWithout, strings.Join(c.Unavailable, ", "))
+		fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %s | %s |\n", c.Model, c.PromptVariant, c.Compared, nearText,
+			rate(c.Resolved, c.Graded), rate(c.ResolvedWithout, c.GradedWithout), strings.Join(c.Unavailable, ", "))
 	}
 
 	b.WriteString("\n## Examples\n\n| model | variant | instance | failure | failed probes | folder |\n|---|---|---|---|---|---|\n")
 	for _, e := range a.Examples {
-		link := fmt.Sprintf("[result](%s)", href(e.Dir))
+		link := fmt.Sprintf("[result](%s)", report.Href(e.Dir))
 		if e.AgentDir != "" {
-			link += fmt.Sprintf(" · [agent](%s)", href(e.AgentDir))
+			link += fmt.Sprintf(" · [agent](%s)", report.Href(e.AgentDir))
 		}
 		variant := e.PromptVariant
 		if e.Attempt > 0 {
@@ -92,10 +91,12 @@ func Markdown(a *Analysis) string {
 	return b.String()
 }
 
-// href is a relative link to a folder: folder names may hold '%' (package predictions escapes
-// model names that way), which a link must escape again.
-func href(rel string) string {
-	return (&url.URL{Path: filepath.ToSlash(rel)}).EscapedPath()
+// rate is "r/n as a percentage", or "none left" when n is 0 (no rate to give).
+func rate(r, n int) string {
+	if n == 0 {
+		return "none left (0/0)"
+	}
+	return fmt.Sprintf("%.1f%% (%d/%d)", 100*float64(r)/float64(n), r, n)
 }
 
 func counts(m map[string]int) string {

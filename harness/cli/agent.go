@@ -1,21 +1,22 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/infradev/infradev/harness/agent"
 	"github.com/infradev/infradev/harness/eval"
+	"github.com/infradev/infradev/harness/fault"
 	"github.com/infradev/infradev/harness/report"
 	"github.com/infradev/infradev/harness/resultstore"
 	"github.com/infradev/infradev/harness/sandbox"
 	"github.com/infradev/infradev/harness/schedule"
-	"github.com/infradev/infradev/harness/specfile"
 	"github.com/infradev/infradev/harness/task"
 	"github.com/infradev/infradev/harness/unpack"
 )
@@ -57,11 +58,7 @@ Exit codes: 0 every attempt ran and was graded (whatever the verdicts); 2 bad us
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			spec, err := agent.Find(o.agents, o.agent)
 			if err != nil {
-				var se specfile.Errors
-				if errors.As(err, &se) {
-					return err
-				}
-				return exitf(ExitUsage, "%v", err)
+				return err
 			}
 			tasks, err := selectTasks(o.tasksRoot, o.tasks)
 			if err != nil {
@@ -89,13 +86,17 @@ Exit codes: 0 every attempt ran and was graded (whatever the verdicts); 2 bad us
 				Scratch: filepath.Join(cache, "scratch"),
 				Prep:    prep,
 			}
+			store, err := resultstore.Open(o.results)
+			if err != nil {
+				return err
+			}
 			w := cmd.ErrOrStderr()
 			progress := newProgress(w)
 			outcomes, err := agent.Evaluate(cmd.Context(), agent.Evaluation{
 				Spec: spec, Tasks: tasks, Variants: o.variants, Attempts: o.attempts, Skill: o.skill,
 				Jobs: o.jobs, Runner: runner,
 				Eval: eval.Config{RunID: o.runID, TasksRoot: o.tasksRoot, ProbesRoot: o.probes, EnvsRoot: o.envs,
-					Store: g.imageStore(), Mirrors: mirrors, Out: o.out, Runner: r, Results: resultstore.Open(o.results),
+					Store: g.imageStore(), Mirrors: mirrors, Out: o.out, Runner: r, Results: store,
 					Capacity: schedule.Capacity{CPUs: float64(runtime.NumCPU()), MemoryBytes: totalMemory()},
 					Jobs:     o.evalJobs, Progress: progress.event},
 				Progress: func(done, total int, rec *agent.Record, how string) {
@@ -106,31 +107,29 @@ Exit codes: 0 every attempt ran and was graded (whatever the verdicts); 2 bad us
 			})
 			progress.finish()
 			if err != nil {
-				var in *eval.InputError
-				var spec specfile.Errors
-				switch {
-				case cmd.Context().Err() != nil:
-					return exitf(130, "%v", err)
-				case errors.As(err, &in), errors.As(err, &spec):
-					return exitf(ExitUsage, "%v", err)
+				if cmd.Context().Err() != nil {
+					return fault.Wrap(fault.Interrupted, err)
 				}
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			runDir := filepath.Join(o.out, o.runID)
 			stored, err := report.LoadRun(runDir)
 			if err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			s, err := report.WriteRun(runDir, o.runID, stored)
 			if err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			if err := report.WriteTable(cmd.OutOrStdout(), s); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "\nreport: %s (.md, .html, .junit.xml beside it)\n", filepath.Join(runDir, "report.json"))
+			if err := infraFaults(outcomes.Results); err != nil {
+				return err
+			}
 			if n := len(outcomes.Faults); n > 0 {
-				return exitf(ExitInfra, "%d attempts ended in an infrastructure fault (first: %s %s: %s); the same command runs them again",
+				return fault.Infraf("%d attempts ended in an infrastructure fault (first: %s %s: %s); the same command runs them again",
 					n, outcomes.Faults[0].InstanceID, outcomes.Faults[0].PromptVariant, outcomes.Faults[0].Outcome.Reason)
 			}
 			return nil
@@ -139,14 +138,14 @@ Exit codes: 0 every attempt ran and was graded (whatever the verdicts); 2 bad us
 	f := cmd.Flags()
 	f.StringVar(&o.agent, "agent", "", "the agent: a name under --agents, or a folder holding agent.yaml")
 	f.StringVar(&o.agents, "agents", "agents", "agents root (agents/<name>/agent.yaml)")
-	f.StringArrayVar(&o.tasks, "tasks", nil, "task directories, globs over them ('tasks/demo/*') or task ids; repeatable")
+	f.StringArrayVar(&o.tasks, "tasks", nil, "the tasks: task folders, folders of tasks (tasks/demo), globs ('tasks/demo/minitron-*') or task ids; repeatable")
 	f.StringVar(&o.runID, "run-id", "", "name of this run")
 	f.StringArrayVar(&o.variants, "prompt-variant", []string{agent.Instruction}, "prompt variant: instruction, pr_description or instruction+skill; repeatable")
 	f.StringVar(&o.skill, "skill", "", "skill folder (SKILL.md) for the instruction+skill variant, as `infradev skill` writes it")
 	f.IntVar(&o.attempts, "attempts", 1, "attempts per task and variant (pass@k needs k of them)")
 	f.IntVar(&o.jobs, "jobs", 1, "agent attempts at once")
 	f.IntVar(&o.evalJobs, "eval-jobs", 0, "gradings at once (0: as capacity allows)")
-	f.StringVar(&o.tasksRoot, "tasks-root", "tasks", "tasks root (tasks/<project>/<id>)")
+	f.StringVar(&o.tasksRoot, "tasks-root", "tasks", "where task ids are looked up (tasks/<project>/<id>)")
 	f.StringVar(&o.probes, "probes", "probes", "probes root")
 	f.StringVar(&o.envs, "environments", "environments", "environments root")
 	f.StringVar(&o.out, "out", "runs", "results root")
@@ -155,6 +154,15 @@ Exit codes: 0 every attempt ran and was graded (whatever the verdicts); 2 bad us
 	_ = cmd.MarkFlagRequired("tasks")
 	_ = cmd.MarkFlagRequired("run-id")
 	return cmd
+}
+
+// matchTask matches a task directory against a glob; a trailing "**" matches any depth.
+func matchTask(pattern, dir string) (bool, error) {
+	pattern, dir = filepath.Clean(pattern), filepath.Clean(dir)
+	if prefix, ok := strings.CutSuffix(pattern, string(filepath.Separator)+"**"); ok {
+		return strings.HasPrefix(dir, prefix+string(filepath.Separator)), nil
+	}
+	return filepath.Match(pattern, dir)
 }
 
 // selectTasks loads the tasks named by directories, globs over them or ids, in id order.
@@ -166,10 +174,19 @@ func selectTasks(root string, sel []string) ([]*task.Task, error) {
 	picked := map[string]string{}
 	for _, s := range sel {
 		n := 0
+		// A folder of tasks (tasks/demo, or the whole tasks root) selects every task in it.
+		if fi, err := os.Stat(s); err == nil && fi.IsDir() {
+			if _, err := os.Stat(filepath.Join(s, "task.yaml")); err != nil {
+				s = filepath.Join(s, "**")
+			}
+		}
 		for id, dir := range found {
 			ok := id == s || filepath.Clean(s) == filepath.Clean(dir)
 			if !ok {
-				ok, _ = filepath.Match(filepath.Clean(s), filepath.Clean(dir))
+				var err error
+				if ok, err = matchTask(s, dir); err != nil {
+					return nil, fault.Inputf("--tasks %q: %v", s, err)
+				}
 			}
 			if ok {
 				picked[id] = dir
@@ -177,7 +194,7 @@ func selectTasks(root string, sel []string) ([]*task.Task, error) {
 			}
 		}
 		if n == 0 {
-			return nil, exitf(ExitUsage, "--tasks %q: no task under %s matches", s, root)
+			return nil, fault.Inputf("--tasks %q: no task under %s matches", s, root)
 		}
 	}
 	ids := make([]string, 0, len(picked))

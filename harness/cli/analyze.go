@@ -35,10 +35,10 @@ Exit codes: 0 written; 2 bad usage or an empty run folder; 3 a file could not be
 		RunE: func(cmd *cobra.Command, args []string) error {
 			a, err := analyze.Run(analyze.Config{RunDir: args[0], Gold: g.goldReader(cmd.Context(), o.tasks)})
 			if err != nil {
-				return exitf(ExitUsage, "%v", err)
+				return err
 			}
 			if err := analyze.Write(args[0], a); err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			if o.json {
 				enc := json.NewEncoder(cmd.OutOrStdout())

@@ -53,7 +53,7 @@ figures, and the time to start a run on the cached demo stack.`,
 				c.Frameworks, c.Tasks, mibText(c.BaseBytes), mibText(c.FrameworkBytes), mibText(c.TaskBytes))
 			r, err := image.Bench(cmd.Context(), c)
 			if err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			fmt.Fprintf(out, "%-28s %12s %10s\n", "", "bytes", "seconds")
 			fmt.Fprintf(out, "%-28s %12s %10.1f\n", fmt.Sprintf("shared layout (%d images)", r.Images), mibText(r.SharedBytes), r.SharedSeconds)
@@ -69,7 +69,7 @@ figures, and the time to start a run on the cached demo stack.`,
 	f := cmd.Flags()
 	f.StringVar(&c.Dir, "dir", "", "working directory (default: a new temporary one)")
 	f.IntVar(&c.Frameworks, "frameworks", 3, "frameworks")
-	f.IntVar(&c.Tasks, "tasks", 12, "tasks per framework")
+	f.IntVar(&c.Tasks, "per-framework", 12, "tasks per framework")
 	f.Float64Var(&baseMiB, "base-mib", 180, "base (CUDA + PyTorch) layer size in MiB")
 	f.Float64Var(&fwMiB, "framework-mib", 30, "framework layer size in MiB")
 	f.Float64Var(&taskMiB, "task-mib", 2, "task layer size in MiB")

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/infradev/infradev/harness/eval"
+	"github.com/infradev/infradev/harness/fault"
 	"github.com/infradev/infradev/harness/judge"
 	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/resultstore"
@@ -63,21 +64,21 @@ run directly in the same root filesystem (chroot: no sandbox, no patch checks, n
 			}
 			// Build the environment first: it is not what this benchmark measures.
 			if _, _, err := timed("warmup-env"); err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			os.RemoveAll(cfg.Out)
 			os.RemoveAll(results)
 			cold, n, err := timed("bench")
 			if err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			warm, _, err := timed("bench")
 			if err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			stored, _, err := timed("bench-2")
 			if err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			fmt.Fprintf(out, "demo predictions: %d attempts, --jobs 1\n", n)
 			fmt.Fprintf(out, "cold eval                       %9.3fs\n", cold.Seconds())
@@ -117,15 +118,15 @@ func overhead(ctx context.Context, out io.Writer, g *globals, r runner.Attempter
 		start := time.Now()
 		res, err := r.Run(ctx, in, filepath.Join(work, fmt.Sprintf("attempt-%d", i)))
 		if err != nil {
-			return exitf(ExitInfra, "%v", err)
+			return err
 		}
 		if !res.Resolved {
-			return exitf(ExitFailed, "gold did not resolve: %s", res.Reason)
+			return fault.Checkf("gold did not resolve: %s", res.Reason)
 		}
 		harness += time.Since(start)
 		d, err := runDirect(ctx, g, t, ps, layout, img, gold, filepath.Join(work, fmt.Sprintf("direct-%d", i)))
 		if err != nil {
-			return exitf(ExitInfra, "direct run: %v", err)
+			return fault.Infraf("direct run: %v", err)
 		}
 		direct += d
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/infradev/infradev/harness/envspec"
+	"github.com/infradev/infradev/harness/fault"
 	"github.com/infradev/infradev/harness/image"
 	"github.com/infradev/infradev/harness/task"
 )
@@ -58,7 +59,7 @@ over the store's cached environment, and as a whole image built into an empty st
 				}
 				built, err := image.Describe(layout, manifest)
 				if err != nil {
-					return exitf(ExitInfra, "%v", err)
+					return err
 				}
 				var size int64
 				if byEnv[t.Environment] == nil {
@@ -76,7 +77,7 @@ over the store's cached environment, and as a whole image built into an empty st
 				perEnv[t.Environment]++
 			}
 			if n == 0 {
-				return exitf(ExitFailed, "no upstream task image in %s", layout)
+				return fault.Checkf("no upstream task image in %s", layout)
 			}
 			var shared int64
 			for _, s := range unique {
@@ -97,7 +98,7 @@ over the store's cached environment, and as a whole image built into an empty st
 			}
 			dir, ok := dirs[o.rebuild]
 			if !ok {
-				return exitf(ExitUsage, "--rebuild: no task %q", o.rebuild)
+				return fault.Inputf("--rebuild: no task %q", o.rebuild)
 			}
 			t, err := task.Load(dir)
 			if err != nil {
@@ -116,7 +117,7 @@ over the store's cached environment, and as a whole image built into an empty st
 			repo := image.TaskRepo{Name: "bench-" + t.ID, URL: t.Repo.URL, Commit: t.Repo.BaseCommit, Dest: t.Repo.Path + "-bench"}
 			start := time.Now()
 			if _, err := image.BuildTask(cmd.Context(), env, repo, g.imageStore(), image.Options{Mirrors: m}); err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			sharedSec := time.Since(start).Seconds()
 			// The same task as an image of its own: every layer built into an empty store.
@@ -130,7 +131,7 @@ over the store's cached environment, and as a whole image built into an empty st
 			repo.Dest = t.Repo.Path
 			start = time.Now()
 			if _, err := image.BuildTask(cmd.Context(), env, repo, image.Store{Dir: filepath.Join(work, "store")}, image.Options{Mirrors: m, Log: cmd.ErrOrStderr()}); err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			flatSec := time.Since(start).Seconds()
 			fmt.Fprintf(out, "one more task (%s): shared store %.1fs, its own image from an empty store %.1fs: %.1f%% less build time (%.1fx)\n",

@@ -9,6 +9,7 @@ import (
 
 	"github.com/infradev/infradev/harness/atomicfile"
 	"github.com/infradev/infradev/harness/catalogue"
+	"github.com/infradev/infradev/harness/fault"
 )
 
 func newCatalogueCmd() *cobra.Command {
@@ -43,15 +44,15 @@ Exit codes: 0 printed, written or current; 1 stale (--check); 2 bad usage or spe
 			}
 			doc, err := os.ReadFile(file)
 			if err != nil {
-				return exitf(ExitUsage, "%v", err)
+				return fault.Wrap(fault.Input, err)
 			}
 			out, err := catalogue.Splice(doc, table, file)
 			if err != nil {
-				return exitf(ExitUsage, "%v", err)
+				return fault.Wrap(fault.Input, err)
 			}
 			if o.check != "" {
 				if !bytes.Equal(out, doc) {
-					return exitf(ExitFailed, "%s: the catalogue is not current (run infradev catalogue --write %s)", file, file)
+					return fault.Checkf("%s: the catalogue is not current (run infradev catalogue --write %s)", file, file)
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: catalogue current (%d tasks)\n", file, len(rows))
 				return nil

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/infradev/infradev/harness/envspec"
+	"github.com/infradev/infradev/harness/fault"
 	"github.com/infradev/infradev/harness/image"
 )
 
@@ -46,10 +47,10 @@ Exit codes: 0 built; 1 not as locked; 2 bad definition; 3 build failed.`,
 			}
 			lock, err := image.ReadLock(env.Dir)
 			if err != nil {
-				return exitf(ExitUsage, "%v", err)
+				return fault.Wrap(fault.Input, err)
 			}
 			if locked && lock == nil {
-				return exitf(ExitUsage, "--locked: %s/%s does not exist", env.Dir, image.LockFile)
+				return fault.Inputf("--locked: %s/%s does not exist", env.Dir, image.LockFile)
 			}
 			log := cmd.OutOrStdout()
 			if asJSON {
@@ -62,18 +63,15 @@ Exit codes: 0 built; 1 not as locked; 2 bad definition; 3 build failed.`,
 			b, err := image.Build(cmd.Context(), env, g.imageStore(), opts)
 			var unlocked *image.UnlockedError
 			if errors.As(err, &unlocked) {
-				return exitf(ExitUsage, "%v", err)
+				return fault.Wrap(fault.Check, err) // built, but not as locked
 			}
 			if err != nil {
-				if locked {
-					return exitf(ExitFailed, "%v", err)
-				}
-				return exitf(ExitInfra, "%v", err)
+				return err // its class says whose fault: a bad definition, or the build
 			}
 			switch {
 			case lock == nil || writeLock:
 				if err := image.WriteLock(env.Dir, image.LockOf(b)); err != nil {
-					return exitf(ExitInfra, "%v", err)
+					return err
 				}
 				fmt.Fprintf(log, "%s/%s written\n", env.Dir, image.LockFile)
 			case lock.Manifest != b.Manifest:
@@ -135,10 +133,10 @@ Exit codes: 0 locked; 2 bad definition; 3 resolution failed.`,
 			locks, err := image.LockPip(cmd.Context(), env, g.imageStore(), image.Options{Log: log})
 			var unlocked *image.UnlockedError
 			if errors.As(err, &unlocked) {
-				return exitf(ExitUsage, "%v", err)
+				return fault.Wrap(fault.Input, err)
 			}
 			if err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			for _, s := range env.Layers {
 				for _, l := range locks {
@@ -192,10 +190,10 @@ Exit codes: 0 intact; 1 a blob is corrupt or the image is not as locked; 2 bad u
 			}
 			lock, err := image.ReadLock(env.Dir)
 			if err != nil {
-				return exitf(ExitUsage, "%v", err)
+				return fault.Wrap(fault.Input, err)
 			}
 			if err := image.Verify(cmd.Context(), g.imageStore().Layout(), env.Name, lock); err != nil {
-				return exitf(ExitFailed, "environment %s:\n%v", env.Name, err)
+				return fault.Checkf("environment %s:\n%v", env.Name, err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "environment %s: every blob intact", env.Name)
 			if lock != nil {
@@ -215,7 +213,7 @@ func newEnvGCCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			n, freed, err := image.GC(g.imageStore())
 			if err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "removed %d blobs, %.1f MiB\n", n, float64(freed)/(1<<20))
 			return nil
@@ -236,7 +234,7 @@ func newEnvPlanCmd() *cobra.Command {
 			}
 			layers, err := image.Plan(env)
 			if err != nil {
-				return exitf(ExitUsage, "%v", err)
+				return fault.Wrap(fault.Input, err)
 			}
 			if asJSON {
 				return printJSON(cmd.OutOrStdout(), layers)
@@ -265,7 +263,7 @@ func newEnvPushCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			d, err := image.Push(cmd.Context(), g.imageStore(), args[0], args[1])
 			if err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "pushed %s %s\n", args[1], d)
 			return nil
@@ -281,7 +279,7 @@ func newEnvPullCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			d, err := image.Pull(cmd.Context(), g.imageStore(), args[0], args[1])
 			if err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "pulled %s %s\n", args[1], d)
 			return nil

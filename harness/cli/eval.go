@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,7 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/infradev/infradev/harness/eval"
+	"github.com/infradev/infradev/harness/fault"
 	"github.com/infradev/infradev/harness/report"
+	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/resultstore"
 	"github.com/infradev/infradev/harness/schedule"
 	"github.com/infradev/infradev/harness/specfile"
@@ -56,7 +57,7 @@ Exit codes: 0 the evaluation completed (whatever the verdicts); 2 bad usage or i
 			capacity := schedule.Capacity{CPUs: o.cpus, MemoryBytes: totalMemory()}
 			if o.memory != "" {
 				if capacity.MemoryBytes, err = parseSize(o.memory); err != nil {
-					return exitf(ExitUsage, "--memory: %v", err)
+					return fault.Inputf("--memory: %v", err)
 				}
 			}
 			switch {
@@ -80,12 +81,21 @@ Exit codes: 0 the evaluation completed (whatever the verdicts); 2 bad usage or i
 			if err != nil {
 				return err
 			}
+			if o.match != "" {
+				if _, err := filepath.Match(o.match, ""); err != nil {
+					return fault.Inputf("--match %q: %v", o.match, err)
+				}
+			}
+			store, err := resultstore.Open(o.results)
+			if err != nil {
+				return err
+			}
 			progress := newProgress(cmd.ErrOrStderr())
 			results, err := eval.Run(cmd.Context(), eval.Config{
 				Predictions: o.preds, RunID: o.runID,
 				TasksRoot: o.tasks, ProbesRoot: o.probes, EnvsRoot: o.envs,
 				Store: g.imageStore(), Mirrors: mirrors, Out: o.out, Runner: r,
-				Results:  resultstore.Open(o.results),
+				Results:  store,
 				Capacity: capacity, Jobs: o.jobs,
 				Select:        selector(o.match, o.label),
 				PromptVariant: o.prompt,
@@ -93,33 +103,28 @@ Exit codes: 0 the evaluation completed (whatever the verdicts); 2 bad usage or i
 			})
 			progress.finish()
 			if err != nil {
-				var in *eval.InputError
-				var spec specfile.Errors
-				switch {
-				case cmd.Context().Err() != nil:
-					return exitf(130, "%v", err)
-				case errors.As(err, &in), errors.As(err, &spec):
-					return exitf(ExitUsage, "%v", err)
+				if cmd.Context().Err() != nil {
+					return fault.Wrap(fault.Interrupted, err)
 				}
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			runDir := filepath.Join(o.out, o.runID)
 			stored, err := report.LoadRun(runDir)
 			if err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			if len(stored) < len(results) {
-				return exitf(ExitInfra, "%s holds %d results, want at least %d", runDir, len(stored), len(results))
+				return fault.Infraf("%s holds %d results, want at least %d", runDir, len(stored), len(results))
 			}
 			s, err := report.WriteRun(runDir, o.runID, stored)
 			if err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			if err := report.WriteTable(cmd.OutOrStdout(), s); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "\nreport: %s (.md, .html, .junit.xml beside it)\n", filepath.Join(runDir, "report.json"))
-			return nil
+			return infraFaults(results)
 		},
 	}
 	f := cmd.Flags()
@@ -209,3 +214,22 @@ func (p *progress) finish() {
 }
 
 func parseSize(s string) (int64, error) { return specfile.ParseSize(strings.TrimSpace(s)) }
+
+// infraFaults is an infrastructure fault when any attempt ended in one: the evaluation is not
+// complete (those attempts are run again by the same command), though every verdict is kept.
+func infraFaults(results []*result.Result) error {
+	var first *result.Result
+	n := 0
+	for _, r := range results {
+		if r.FailureClass == result.InfraError {
+			if first == nil {
+				first = r
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	return fault.Infraf("%d attempt(s) ended in an infrastructure fault (first: %s %s: %s); the same command runs them again", n, first.Model, first.InstanceID, first.Reason)
+}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/infradev/infradev/harness/fault"
 	"github.com/infradev/infradev/harness/report"
 )
 
@@ -19,14 +20,14 @@ report.html, report.junit.xml and each instance's report.json; print the table.`
 		RunE: func(cmd *cobra.Command, args []string) error {
 			stored, err := report.LoadRun(args[0])
 			if err != nil {
-				return exitf(ExitUsage, "%v", err)
+				return fault.Wrap(fault.Input, err)
 			}
 			if len(stored) == 0 {
-				return exitf(ExitUsage, "no results under %s", args[0])
+				return fault.Inputf("no results under %s", args[0])
 			}
 			s, err := report.WriteRun(args[0], filepath.Base(filepath.Clean(args[0])), stored)
 			if err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			if err := report.WriteTable(cmd.OutOrStdout(), s); err != nil {
 				return err

@@ -18,6 +18,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/spf13/cobra"
 
+	"github.com/infradev/infradev/harness/fault"
 	"github.com/infradev/infradev/harness/gpu"
 	"github.com/infradev/infradev/harness/image"
 	"github.com/infradev/infradev/harness/mirror"
@@ -38,28 +39,35 @@ const Version = "infradev/0.1.0"
 var (
 	harnessOnce sync.Once
 	harnessID   string
+	harnessErr  error
 )
 
 // harnessKey is Version plus the digest of the running executable (Go builds are
-// reproducible: the same source gives the same key).
-func harnessKey() string {
+// reproducible: the same source gives the same key). A binary that cannot be read is an
+// error, never a fallback: a key without the digest would share results across harnesses
+// that grade differently.
+func harnessKey() (string, error) {
 	harnessOnce.Do(func() {
-		harnessID = Version
-		exe, err := os.Executable()
-		if err != nil {
-			return
-		}
-		f, err := os.Open(exe)
-		if err != nil {
-			return
-		}
-		defer f.Close()
-		h := sha256.New()
-		if _, err := io.Copy(h, f); err == nil {
-			harnessID = fmt.Sprintf("%s+%x", Version, h.Sum(nil)[:8])
-		}
+		harnessID, harnessErr = executableKey()
 	})
-	return harnessID
+	return harnessID, harnessErr
+}
+
+func executableKey() (string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", fault.Infraf("the harness key: finding the running binary: %v", err)
+	}
+	f, err := os.Open(exe)
+	if err != nil {
+		return "", fault.Infraf("the harness key: %v", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fault.Infraf("the harness key: reading %s: %v", exe, err)
+	}
+	return fmt.Sprintf("%s+%x", Version, h.Sum(nil)[:8]), nil
 }
 
 // Exit codes.
@@ -95,15 +103,22 @@ type globals struct {
 	gpuErr   error
 }
 
-// Execute runs the command line and returns the process exit code.
+// Execute runs the command line and returns the process exit code: the class of the error
+// (package fault) decides it, in this one place. An error cobra returns before a command runs
+// (an unknown flag, command or argument count) is bad usage.
 func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cmd := NewRoot()
 	cmd.SetArgs(args)
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)
+	ran := false
+	markRun(cmd, &ran)
 	err := cmd.ExecuteContext(ctx)
 	if err == nil {
 		return ExitOK
+	}
+	if !ran {
+		err = fault.Wrap(fault.Input, err)
 	}
 	var ee *ExitError
 	if errors.As(err, &ee) {
@@ -115,10 +130,29 @@ func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var se specfile.Errors
 	if errors.As(err, &se) {
 		fmt.Fprintln(stderr, se.Error())
-		return ExitUsage
+		return fault.Input.ExitCode()
 	}
-	fmt.Fprintln(stderr, "infradev:", err)
-	return ExitUsage
+	c := fault.ClassOf(err)
+	prefix := "infradev: "
+	if c == fault.Infra {
+		prefix += "infrastructure fault: "
+	}
+	fmt.Fprintln(stderr, prefix+err.Error())
+	return c.ExitCode()
+}
+
+// markRun makes every command set *ran when its own code starts, after cobra's checks of
+// flags and arguments.
+func markRun(c *cobra.Command, ran *bool) {
+	if run := c.RunE; run != nil {
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			*ran = true
+			return run(cmd, args)
+		}
+	}
+	for _, sub := range c.Commands() {
+		markRun(sub, ran)
+	}
 }
 
 // NewRoot builds the command tree.
@@ -133,7 +167,7 @@ func NewRoot() *cobra.Command {
 (apply the patch, run the official tests, run the hidden probes) and reports verdicts.
 
 Exit codes: 0 success (run-task: resolved); 1 not resolved or a check failed;
-2 bad usage or spec; 3 infrastructure fault.`,
+2 bad usage, input or spec (or a broken task); 3 infrastructure fault; 130 interrupted.`,
 	}
 	root.PersistentFlags().StringVar(&g.store, "store", envOr("INFRADEV_STORE", ".infradev/store"),
 		"image store: the OCI layout and step cache (env INFRADEV_STORE)")
@@ -141,7 +175,7 @@ Exit codes: 0 success (run-task: resolved); 1 not resolved or a check failed;
 		"local cache: unpacked layers, sandbox state and scratch (env INFRADEV_CACHE)")
 	root.PersistentFlags().StringArrayVar(&g.mirrors, "git-mirror", nil,
 		"upstream repositories as local git directories: URL=DIR, or URL-PREFIX/=DIR (repeatable; tried before $INFRADEV_GIT_MIRRORS and $INFRADEV_GIT_MIRRORS_FILE)")
-	root.AddCommand(newEnvCmd(g), newRunTaskCmd(g), newEvalCmd(g), newValidateCmd(g), newBenchCmd(g), newReportCmd(), newGPUsCmd(g), newSamplesCmd(g), newGenCmd(), newTaskCmd(g), newCatalogueCmd(), newAgentCmd(g), newAnalyzeCmd(g), newSkillCmd(g))
+	root.AddCommand(newEnvCmd(g), newRunTaskCmd(g), newEvalCmd(g), newValidateCmd(g), newBenchCmd(g), newReportCmd(), newGPUsCmd(g), newSamplesCmd(g), newGenCmd(), newTaskCmd(g), newCatalogueCmd(), newAgentCmd(g), newAnalyzeCmd(g), newSkillCmd(g), newVersionCmd())
 	return root
 }
 
@@ -158,7 +192,7 @@ func (g *globals) imageStore() image.Store { return image.Store{Dir: g.store} }
 func (g *globals) mirrorMap() (mirror.Map, error) {
 	m, err := mirror.FromEnv(g.mirrors)
 	if err != nil {
-		return nil, exitf(ExitUsage, "%v", err)
+		return nil, fault.Wrap(fault.Input, err)
 	}
 	return m, nil
 }
@@ -208,12 +242,16 @@ func (g *globals) runner() (runner.Attempter, error) {
 	if err != nil {
 		return nil, err
 	}
+	key, err := harnessKey()
+	if err != nil {
+		return nil, err
+	}
 	r := &runner.Runner{
 		Sandbox:    &sandbox.Runc{Binary: envOr("INFRADEV_RUNTIME", "runc"), StateDir: filepath.Join(cache, "sandbox")},
 		Cache:      unpack.Cache{Dir: filepath.Join(cache, "unpacked")},
 		Scratch:    filepath.Join(cache, "scratch"),
 		TaskChecks: filepath.Join(cache, "task-checks"),
-		Harness:    harnessKey(),
+		Harness:    key,
 	}
 	if m := g.machine(); m != nil && len(m.Devices) > 0 {
 		r.GPUs = gpu.HostNodes{Machine: m}

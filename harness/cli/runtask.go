@@ -12,6 +12,7 @@ import (
 
 	"github.com/infradev/infradev/harness/atomicfile"
 	"github.com/infradev/infradev/harness/cheat"
+	"github.com/infradev/infradev/harness/fault"
 	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/report"
 	"github.com/infradev/infradev/harness/result"
@@ -50,7 +51,7 @@ Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec, or the task itself 
 			}
 			patch, err := os.ReadFile(o.patch)
 			if err != nil {
-				return exitf(ExitUsage, "reading patch: %v", err)
+				return fault.Inputf("reading patch: %v", err)
 			}
 			// An upstream task's files are derived from its commits (store, else mirror); without
 			// --image its image is built (environment plus the repository at the base commit).
@@ -60,7 +61,7 @@ Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec, or the task itself 
 					return err
 				}
 				if o.image, err = prep.Task(cmd.Context(), t); err != nil {
-					return exitf(ExitInfra, "%v", err)
+					return err
 				}
 				o.layout = g.imageStore().Layout()
 			} else {
@@ -69,7 +70,7 @@ Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec, or the task itself 
 					return err
 				}
 				if err := upstream.Attach(cmd.Context(), g.store, t, m); err != nil {
-					return exitf(ExitInfra, "%v", err)
+					return err
 				}
 			}
 			layout, err := filepath.Abs(o.layout)
@@ -80,22 +81,26 @@ Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec, or the task itself 
 			if err != nil {
 				return err
 			}
-			r = resultstore.Cached{Attempter: r, Store: resultstore.Open(o.results), Log: cmd.ErrOrStderr()}
+			store, err := resultstore.Open(o.results)
+			if err != nil {
+				return err
+			}
+			r = resultstore.Cached{Attempter: r, Store: store, Log: cmd.ErrOrStderr()}
 			res, err := r.Run(cmd.Context(), runner.Inputs{Task: t, Probes: ps, Layout: layout, Image: o.image,
 				Patch: patch, InstanceID: o.instance, Model: o.model, Cheat: o.cheat}, o.out)
 			if err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			var junit bytes.Buffer
 			if err := report.WriteJUnit(&junit, []*result.Result{res}); err != nil {
 				return err
 			}
 			if err := atomicfile.Write(filepath.Join(o.out, "junit.xml"), junit.Bytes()); err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			if x := os.Getenv("XML_OUTPUT_FILE"); x != "" {
 				if err := atomicfile.Write(x, junit.Bytes()); err != nil {
-					return exitf(ExitInfra, "%v", err)
+					return err
 				}
 			}
 			if o.asJSON {

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/infradev/infradev/harness/atomicfile"
+	"github.com/infradev/infradev/harness/fault"
 	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/report"
 	"github.com/infradev/infradev/harness/samples"
@@ -100,11 +101,11 @@ Exit codes: 0 files written, current or verified; 1 a file is stale or a figure 
 func verifyModels(cmd *cobra.Command, m *samples.Models, picks map[string][]samples.Pick, sources map[string]*samples.Source, runDir string) error {
 	data, err := os.ReadFile(filepath.Join(runDir, "report.json"))
 	if err != nil {
-		return exitf(ExitUsage, "%v", err)
+		return fault.Wrap(fault.Input, err)
 	}
 	var s report.Summary
 	if err := json.Unmarshal(data, &s); err != nil {
-		return exitf(ExitUsage, "%s: %v", filepath.Join(runDir, "report.json"), err)
+		return fault.Inputf("%s: %v", filepath.Join(runDir, "report.json"), err)
 	}
 	probes := map[string]*probe.Set{}
 	for id, src := range sources {

@@ -26,11 +26,11 @@ Exit codes: 0 written; 2 bad usage or an empty run folder; 3 a file could not be
 		RunE: func(cmd *cobra.Command, args []string) error {
 			a, err := analyze.Run(analyze.Config{RunDir: args[0], Gold: g.goldReader(cmd.Context(), o.tasks)})
 			if err != nil {
-				return exitf(ExitUsage, "%v", err)
+				return err
 			}
 			s := skill.Distill(a)
 			if err := s.Write(o.out); err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "skill %s written to %s\n", skill.Name, filepath.Join(o.out, "SKILL.md"))
 			return nil

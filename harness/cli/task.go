@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/infradev/infradev/harness/fault"
 	"github.com/infradev/infradev/harness/importer"
 	"github.com/infradev/infradev/harness/task"
 	"github.com/infradev/infradev/harness/upstream"
@@ -73,7 +74,7 @@ without the commits included).`,
 			}
 			rn, ok := att.(importer.Surveyor)
 			if !ok {
-				return exitf(ExitInfra, "the runner cannot survey tests")
+				return fault.Infraf("the runner cannot survey tests")
 			}
 			res, err := importer.Run(cmd.Context(), importer.Options{URL: o.repo, MergeCommit: o.merge, ID: o.id, Project: o.project,
 				Environment: o.env, Path: o.path, Tests: o.tests, Files: o.files, Deselect: o.deselect, Plugins: o.plugins,
@@ -92,9 +93,9 @@ without the commits included).`,
 			}
 			if err != nil {
 				if res != nil {
-					return exitf(ExitFailed, "%v", err)
+					return fault.Checkf("%v", err)
 				}
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			return nil
 		},
@@ -164,14 +165,14 @@ Exit codes: 0 done; 2 bad usage or spec; 3 no mirror has the commits.`,
 				return err
 			}
 			if !t.Upstream() {
-				return exitf(ExitUsage, "task %s references no upstream change (repo.url and repo.merge_commit)", t.ID)
+				return fault.Inputf("task %s references no upstream change (repo.url and repo.merge_commit)", t.ID)
 			}
 			m, err := g.mirrorMap()
 			if err != nil {
 				return err
 			}
 			if err := upstream.Attach(cmd.Context(), g.store, t, m); err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			files := map[string]string{"gold": t.GoldFile(), "tests": t.TestPatchFile(), "pr_description": t.PRDescriptionFile()}
 			if print == "" {
@@ -182,11 +183,11 @@ Exit codes: 0 done; 2 bad usage or spec; 3 no mirror has the commits.`,
 			}
 			f, ok := files[print]
 			if !ok {
-				return exitf(ExitUsage, "--print: want gold, tests or pr_description, got %q", print)
+				return fault.Inputf("--print: want gold, tests or pr_description, got %q", print)
 			}
 			data, err := os.ReadFile(f)
 			if err != nil {
-				return exitf(ExitInfra, "%v", err)
+				return err
 			}
 			_, err = cmd.OutOrStdout().Write(data)
 			return err

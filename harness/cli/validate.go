@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/infradev/infradev/harness/fault"
 	"github.com/infradev/infradev/harness/image"
 	"github.com/infradev/infradev/harness/mirror"
 	"github.com/infradev/infradev/harness/probe"
@@ -71,7 +72,7 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 				sort.Strings(dirs)
 			}
 			if len(dirs) == 0 {
-				return exitf(ExitUsage, "no tasks to validate")
+				return fault.Inputf("no tasks to validate")
 			}
 			type item struct {
 				t *task.Task
@@ -115,12 +116,12 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 					case errors.Is(err, mirror.ErrNotFound):
 						offline = append(offline, t.ID)
 					case err != nil:
-						return exitf(ExitInfra, "%v", err)
+						return err
 					}
 					gitDir, _ = mirrors.Resolve(t.Repo.URL, t.Repo.BaseCommit)
 					problems, err := upstream.Provenance(cmd.Context(), []string{t.Dir, p.Dir}, gitDir)
 					if err != nil {
-						return exitf(ExitInfra, "%v", err)
+						return err
 					}
 					for _, pr := range problems {
 						errs = append(errs, specfile.FieldError{Msg: pr})
@@ -143,7 +144,7 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 				it := item{t: t, p: p, s: ss}
 				if o.record {
 					if it.taskDigest, it.probesDigest, err = validate.Digests(t, p.Dir); err != nil {
-						return exitf(ExitInfra, "%v", err)
+						return err
 					}
 				}
 				items = append(items, it)
@@ -160,7 +161,7 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 				return nil
 			}
 			if len(offline) > 0 {
-				return exitf(ExitInfra, "upstream task(s) %s need their repository: give a mirror (--git-mirror or $INFRADEV_GIT_MIRRORS)", strings.Join(offline, ", "))
+				return fault.Infraf("upstream task(s) %s need their repository: give a mirror (--git-mirror or $INFRADEV_GIT_MIRRORS)", strings.Join(offline, ", "))
 			}
 			att, err := g.runner()
 			if err != nil {
@@ -168,7 +169,7 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 			}
 			rn, ok := att.(validate.Runner)
 			if !ok {
-				return exitf(ExitInfra, "the runner cannot check tasks")
+				return fault.Infraf("the runner cannot check tasks")
 			}
 			prep, err := g.preparer(o.envs, cmd.ErrOrStderr())
 			if err != nil {
@@ -178,14 +179,14 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 			for _, it := range items {
 				img, err := prep.Task(cmd.Context(), it.t)
 				if err != nil {
-					return exitf(ExitInfra, "%v", err)
+					return err
 				}
 				images[it.t.ID] = img
 				// The environment image this validation runs on, as the store names it after the
 				// build: a record is written only when env.lock pins that same image.
 				if envImages[it.t.Environment] == "" {
 					if envImages[it.t.Environment], err = image.Resolve(g.imageStore().Layout(), it.t.Environment); err != nil {
-						return exitf(ExitInfra, "%v", err)
+						return err
 					}
 				}
 			}
@@ -215,7 +216,7 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 			var recordErrs []error
 			for i, rep := range reports {
 				if errsOut[i] != nil {
-					return exitf(ExitInfra, "%s: %v", items[i].t.ID, errsOut[i])
+					return fault.Infraf("%s: %v", items[i].t.ID, errsOut[i])
 				}
 				if rep.BaselineNote != "" {
 					fmt.Fprintf(cmd.ErrOrStderr(), "%s: %s\n", rep.Task, rep.BaselineNote)
@@ -289,7 +290,11 @@ func writeRecord(g *globals, t *task.Task, probesDir, envs, ranOn, taskDigest, p
 	if m := g.machine(); m != nil && len(m.Devices) > 0 {
 		hardware = "gpu:" + m.Devices[0].Name
 	}
-	rec, err := validate.NewRecord(rep, t, probesDir, taskDigest, probesDigest, lock.Manifest, harnessKey(), hardware, time.Now())
+	key, err := harnessKey()
+	if err != nil {
+		return err
+	}
+	rec, err := validate.NewRecord(rep, t, probesDir, taskDigest, probesDigest, lock.Manifest, key, hardware, time.Now())
 	if err != nil {
 		return err
 	}

@@ -8,7 +8,6 @@ package eval
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -20,6 +19,8 @@ import (
 
 	"github.com/gofrs/flock"
 
+	"github.com/infradev/infradev/harness/attempt"
+	"github.com/infradev/infradev/harness/fault"
 	"github.com/infradev/infradev/harness/image"
 	"github.com/infradev/infradev/harness/mirror"
 	"github.com/infradev/infradev/harness/predictions"
@@ -27,7 +28,6 @@ import (
 	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/resultstore"
-	"github.com/infradev/infradev/harness/runner"
 	"github.com/infradev/infradev/harness/schedule"
 	"github.com/infradev/infradev/harness/task"
 )
@@ -44,7 +44,7 @@ type Config struct {
 	// Out is the results root; results go under Out/RunID.
 	Out string
 	// Runner runs attempts (e.g. a runner.Retry around a runner.Runner).
-	Runner runner.Attempter
+	Runner attempt.Attempter
 	// Results is the content-addressed results store; nil disables it.
 	Results resultstore.Backend
 	// Capacity is what attempts are packed onto; Jobs caps how many run at once (0: no cap).
@@ -75,7 +75,7 @@ var runIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
 type item struct {
 	pred predictions.Prediction
-	in   runner.Inputs
+	in   attempt.Inputs
 	keys result.Inputs // the digests of its inputs
 	key  string        // their store key
 	dir  string
@@ -137,15 +137,11 @@ func Run(ctx context.Context, c Config) ([]*result.Result, error) {
 			s.settle(it, prev, "resumed")
 			continue
 		}
-		if c.Results != nil {
-			r, err := c.Results.CopyOut(it.key, it.dir, it.identity())
-			if err == nil {
-				s.settle(it, r, "stored")
-				continue
-			}
-			if !errors.Is(err, resultstore.ErrNotStored) {
-				return nil, err
-			}
+		if r, err := s.cached().Lookup(it.in, it.dir); err != nil {
+			return nil, err
+		} else if r != nil {
+			s.settle(it, r, "stored")
+			continue
 		}
 		if groups[it.key] == nil {
 			keys = append(keys, it.key)
@@ -220,7 +216,7 @@ func (s *session) prepare(ctx context.Context, p predictions.Prediction) (*item,
 	if variant == "" {
 		variant = s.c.PromptVariant
 	}
-	in := runner.Inputs{Task: l.t, Probes: l.p, Layout: s.c.Store.Layout(), Image: img,
+	in := attempt.Inputs{Task: l.t, Probes: l.p, Layout: s.c.Store.Layout(), Image: img,
 		Patch: []byte(p.Patch), InstanceID: p.InstanceID, Model: p.Model, PromptVariant: variant, Attempt: p.Attempt}
 	keys, err := s.c.Runner.Digests(in)
 	if err != nil {
@@ -232,9 +228,10 @@ func (s *session) prepare(ctx context.Context, p predictions.Prediction) (*item,
 	return &item{pred: p, in: in, keys: keys, key: resultstore.Key(keys), dir: dir}, nil
 }
 
-// identity is who the item's result belongs to.
-func (it *item) identity() result.Identity {
-	return result.Identity{Model: it.pred.Model, InstanceID: it.pred.InstanceID, PromptVariant: it.in.PromptVariant, Attempt: it.in.Attempt}
+// cached is the evaluation's runner with its results store: the one path by which results are
+// looked up and stored, as run-task uses it.
+func (s *session) cached() resultstore.Cached {
+	return resultstore.Cached{Attempter: s.c.Runner, Store: s.c.Results}
 }
 
 // runDir is this evaluation's run folder.
@@ -245,7 +242,10 @@ func (s *session) runDir() string { return filepath.Join(s.c.Out, s.c.RunID) }
 type InputError struct{ Err error }
 
 func (e *InputError) Error() string { return e.Err.Error() }
-func (e *InputError) Unwrap() error { return e.Err }
+
+// FaultClass implements fault.Classified: the caller's input.
+func (e *InputError) FaultClass() fault.Class { return fault.Input }
+func (e *InputError) Unwrap() error           { return e.Err }
 
 // attempt runs the first item of a group and gives its result to the others. It first claims
 // the group's key across processes: a second evaluation of the same run (or of another run
@@ -263,13 +263,11 @@ func (s *session) attempt(ctx context.Context, group []*item, l schedule.Lease) 
 			s.settle(it, r, "resumed")
 			continue
 		}
-		if s.c.Results != nil {
-			if r, err := s.c.Results.CopyOut(it.key, it.dir, it.identity()); err == nil {
-				s.settle(it, r, "stored")
-				continue
-			} else if !errors.Is(err, resultstore.ErrNotStored) {
-				return err
-			}
+		if r, err := s.cached().Lookup(it.in, it.dir); err != nil {
+			return err
+		} else if r != nil {
+			s.settle(it, r, "stored")
+			continue
 		}
 		left = append(left, it)
 	}
@@ -284,7 +282,7 @@ func (s *session) attempt(ctx context.Context, group []*item, l schedule.Lease) 
 		return err
 	}
 	start := time.Now()
-	r, err := s.c.Runner.Run(ctx, in, first.dir)
+	r, err := s.cached().Run(ctx, in, first.dir)
 	if err != nil {
 		if ctx.Err() != nil {
 			_ = s.clear(first.dir) // an interrupted attempt leaves nothing that looks finished
@@ -295,18 +293,11 @@ func (s *session) attempt(ctx context.Context, group []*item, l schedule.Lease) 
 	s.ran++
 	s.attemptTime += time.Since(start)
 	s.mu.Unlock()
-	if r.FailureClass != result.InfraError && s.c.Results != nil {
-		if err := s.c.Results.Put(first.key, first.dir); err != nil {
-			return err
-		}
-	}
 	s.settle(first, r, "ran")
 	for _, it := range group[1:] {
-		var shared *result.Result
-		if s.c.Results != nil && r.FailureClass != result.InfraError {
-			shared, err = s.c.Results.CopyOut(first.key, it.dir, it.identity())
-		} else {
-			shared, err = copyResult(first.dir, it.dir, it.identity())
+		shared, err := s.cached().Lookup(it.in, it.dir)
+		if err == nil && shared == nil {
+			shared, err = copyResult(first.dir, it.dir, it.in.Identity())
 		}
 		if err != nil {
 			return err

@@ -7,12 +7,14 @@ package prepare
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
 	"sync"
 
 	"github.com/infradev/infradev/harness/envspec"
+	"github.com/infradev/infradev/harness/fault"
 	"github.com/infradev/infradev/harness/image"
 	"github.com/infradev/infradev/harness/mirror"
 	"github.com/infradev/infradev/harness/task"
@@ -96,4 +98,13 @@ func (p *Preparer) build(ctx context.Context, t *task.Task) (string, error) {
 type BuildError struct{ Err error }
 
 func (e *BuildError) Error() string { return e.Err.Error() }
+
+// FaultClass implements fault.Classified: a build that failed is the machine's fault; a
+// mirror that lacks the task's commits is the caller's (the mirror map given).
+func (e *BuildError) FaultClass() fault.Class {
+	if errors.Is(e.Err, mirror.ErrNotFound) {
+		return fault.Input
+	}
+	return fault.ClassOf(e.Err)
+}
 func (e *BuildError) Unwrap() error { return e.Err }

@@ -117,6 +117,11 @@ th{background:#eef1f6} td.n{text-align:right}
 .charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(480px,1fr));gap:16px}
 svg.chart{border:1px solid #dde;border-radius:6px;background:#fbfcfe}
 .bar{fill:#3b6fd8} .lbl{font-size:12px;fill:#333} .val{font-size:12px;fill:#111}
+table.sortable th{cursor:pointer} table.sortable th:after{content:" ↕";color:#99a}
+td.cell{text-align:center;min-width:64px} td.cell a{color:inherit;text-decoration:none;display:block}
+.resolved{background:#cdebd3} .probes_failed{background:#fde3b8} .official_tests_failed{background:#f7c5c5}
+.patch_apply_failed{background:#e3d1f0} .tampered{background:#c9302c;color:#fff} .limits{background:#f3d6e4}
+.notrun,.none{background:#eeeeee;color:#777}
 </style></head>
 <body>
 <h1>InfraDev report: {{.S.RunID}}</h1>
@@ -127,6 +132,11 @@ Attempts not run or failed by the infrastructure are counted apart.</p>
 <table><tr><th>model</th><th>submitted</th><th>resolved</th><th>resolution rate</th><th>passed official tests</th><th>probe-rejected</th><th>probe rejection rate</th><th>tampered</th><th>not run / errors</th></tr>
 {{range .S.Models}}<tr><td>{{.Label}}</td><td class="n">{{.SubmittedInstances}}</td><td class="n">{{.ResolvedInstances}}</td><td class="n">{{printf "%.1f%%" (pct .ResolutionRate)}}</td><td class="n">{{.PassedOfficialTests}}</td><td class="n">{{.ProbeRejected}}</td><td class="n">{{printf "%.1f%%" (pct .ProbeRejectionRate)}}</td><td class="n">{{.TamperedInstances}}</td><td class="n">{{.ErrorInstances}}</td></tr>
 {{end}}</table>
+<h2 id="matrix">Tasks by model</h2>
+<p>Each model's first attempt at each task; a cell links to the attempt's page (the patch, every test and probe outcome, logs).</p>
+<table class="matrix sortable"><thead><tr><th>task</th>{{range .Matrix.Columns}}<th>{{.}}</th>{{end}}</tr></thead><tbody>
+{{range .Matrix.Rows}}<tr><td>{{.InstanceID}}</td>{{range .Cells}}<td class="cell {{.Class}}" title="{{.Title}}">{{if .Page}}<a href="{{.Page}}">{{.Text}}</a>{{else}}{{.Text}}{{end}}</td>{{end}}</tr>
+{{end}}</tbody></table>
 <div class="charts">
 {{range .Charts}}<svg class="chart" id="{{.ID}}" role="img" aria-label="{{.Title}}" width="100%" viewBox="0 0 700 {{.Height}}" preserveAspectRatio="xMinYMin meet">
 <text x="10" y="18" class="lbl" font-weight="bold">{{.Title}}</text>
@@ -153,10 +163,27 @@ tasks where the variants differ (McNemar's exact test when each has one attempt)
 {{range .S.Comparisons}}<tr><td>{{.Model}}</td><td>{{.A}}</td><td>{{.B}}</td><td class="n">{{.Tasks}}</td><td class="n">{{printf "%.1f%%" (pct .MeanA)}}</td><td class="n">{{printf "%.1f%%" (pct .MeanB)}}</td><td class="n">{{printf "%+.1f pts" (pct .Diff)}}</td><td>[{{printf "%+.1f" (pct .DiffCI.Lo)}}, {{printf "%+.1f" (pct .DiffCI.Hi)}}]</td><td class="n">{{.BetterB}} / {{.BetterA}}</td><td class="n">{{printf "%.3g" .PValue}}</td></tr>
 {{end}}</table>{{end}}
 <h2>Instances</h2>
-<table><tr><th>model</th><th>instance</th><th>verdict</th><th>reason</th></tr>
-{{range .S.Models}}{{$m := .Label}}{{range .Instances}}<tr><td>{{$m}}</td><td>{{.InstanceID}}</td><td>{{.Verdict}}</td><td>{{.Reason}}</td></tr>
-{{end}}{{end}}</table>
+<table class="sortable"><thead><tr><th>model</th><th>instance</th><th>verdict</th><th>reason</th></tr></thead><tbody>
+{{range .S.Models}}{{$m := .Label}}{{range .Instances}}<tr><td>{{$m}}</td><td>{{if .Page}}<a href="{{.Page}}">{{.InstanceID}}</a>{{else}}{{.InstanceID}}{{end}}</td><td>{{.Verdict}}</td><td>{{.Reason}}</td></tr>
+{{end}}{{end}}</tbody></table>
 <script>
+// Sorts a table by the clicked column (numbers as numbers), toggling the direction.
+document.querySelectorAll("table.sortable").forEach(function (table) {
+  table.querySelectorAll("thead th").forEach(function (th, col) {
+    th.addEventListener("click", function () {
+      var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
+      var dir = th.getAttribute("data-dir") === "asc" ? -1 : 1;
+      th.setAttribute("data-dir", dir === 1 ? "asc" : "desc");
+      rows.sort(function (a, b) {
+        var x = a.cells[col].textContent.trim(), y = b.cells[col].textContent.trim();
+        var nx = parseFloat(x), ny = parseFloat(y);
+        if (!isNaN(nx) && !isNaN(ny)) { return dir * (nx - ny); }
+        return dir * x.localeCompare(y);
+      });
+      rows.forEach(function (r) { body.appendChild(r); });
+    });
+  });
+});
 // Marks the page ready once every chart has drawn its bars; the browser test checks for it.
 (function () {
   var charts = document.querySelectorAll("svg.chart");
@@ -177,5 +204,6 @@ func WriteHTML(w io.Writer, s Summary) error {
 		S                   Summary
 		Charts              []chart
 		Classes, Categories []string
-	}{s, charts(s), taxonomyClasses, probe.Categories})
+		Matrix              matrix
+	}{s, charts(s), taxonomyClasses, probe.Categories, matrixOf(s)})
 }

@@ -92,6 +92,8 @@ type Instance struct {
 	Verdict      string `json:"verdict"`
 	FailureClass string `json:"failure_class,omitempty"`
 	Reason       string `json:"reason,omitempty"`
+	// Page is the instance's page, relative to the run folder (set by WriteRun).
+	Page string `json:"page,omitempty"`
 }
 
 // Summarize builds the report of results (any order) for run runID. The per-model tables

@@ -42,13 +42,39 @@ func LoadRun(runDir string) ([]Stored, error) {
 // report.json (SWE-bench's per-instance shape) in each result's folder. It returns the summary.
 func WriteRun(runDir, runID string, stored []Stored) (Summary, error) {
 	results := make([]*result.Result, len(stored))
+	pages := map[[3]string]string{}
 	for i, st := range stored {
-		results[i] = st.Result
-		if err := atomicfile.WriteJSON(filepath.Join(st.Dir, "report.json"), InstanceReport(st.Result)); err != nil {
+		r := st.Result
+		results[i] = r
+		if err := atomicfile.WriteJSON(filepath.Join(st.Dir, "report.json"), InstanceReport(r)); err != nil {
 			return Summary{}, err
+		}
+		rel, err := filepath.Rel(runDir, st.Dir)
+		if err != nil {
+			return Summary{}, err
+		}
+		back, err := filepath.Rel(st.Dir, runDir)
+		if err != nil {
+			return Summary{}, err
+		}
+		var page bytes.Buffer
+		if err := WriteInstancePage(&page, st.Dir, r, back); err != nil {
+			return Summary{}, err
+		}
+		if err := atomicfile.Write(filepath.Join(st.Dir, "index.html"), page.Bytes()); err != nil {
+			return Summary{}, err
+		}
+		if r.Attempt <= 1 {
+			pages[[3]string{r.Model, r.PromptVariant, r.InstanceID}] = Href(filepath.Join(rel, "index.html"))
 		}
 	}
 	s := Summarize(runID, results)
+	for i := range s.Models {
+		m := &s.Models[i]
+		for j := range m.Instances {
+			m.Instances[j].Page = pages[[3]string{m.Model, m.PromptVariant, m.Instances[j].InstanceID}]
+		}
+	}
 	if err := WriteJSON(filepath.Join(runDir, "report.json"), s); err != nil {
 		return s, err
 	}

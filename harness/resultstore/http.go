@@ -39,6 +39,22 @@ func (h HTTP) client() *http.Client {
 	return &http.Client{Timeout: 5 * time.Minute}
 }
 
+// Reachable asks the server for an action result that cannot exist: any HTTP answer means it
+// is there (a cache answers 404); a transport error or a 5xx means it is not.
+func (h HTTP) Reachable() error {
+	c := *h.client()
+	c.Timeout = 30 * time.Second
+	resp, err := c.Get(h.url("ac", strings.Repeat("0", 64)))
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode >= 500 {
+		return fmt.Errorf("GET %s: %s", h.url("ac", strings.Repeat("0", 64)), resp.Status)
+	}
+	return nil
+}
+
 func (h HTTP) url(kind, hash string) string {
 	return strings.TrimSuffix(h.URL, "/") + "/" + kind + "/" + hash
 }

@@ -71,7 +71,10 @@ func TestHTTPStoreRoundTrip(t *testing.T) {
 	srv := &cacheServer{blobs: map[string][]byte{}}
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
-	store := resultstore.Open(ts.URL)
+	store, err := resultstore.Open(ts.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, ok := store.(resultstore.HTTP); !ok {
 		t.Fatalf("Open(%s) = %T, want HTTP", ts.URL, store)
 	}

@@ -17,6 +17,7 @@ import (
 	"strings"
 
 	"github.com/infradev/infradev/harness/atomicfile"
+	"github.com/infradev/infradev/harness/fault"
 	"github.com/infradev/infradev/harness/result"
 )
 
@@ -36,14 +37,20 @@ var ErrNotStored = errors.New("not in the results store")
 
 // Open returns the backend a --results value names: "" none (nil), an http:// or https://
 // URL a Bazel HTTP remote cache, anything else a directory.
-func Open(spec string) Backend {
+func Open(spec string) (Backend, error) {
 	switch {
 	case spec == "":
-		return nil
+		return nil, nil
 	case strings.HasPrefix(spec, "http://") || strings.HasPrefix(spec, "https://"):
-		return HTTP{URL: spec}
+		h := HTTP{URL: spec}
+		// A server that cannot be reached would turn every lookup into a miss and every
+		// store into a lost result: say so now rather than run everything unshared.
+		if err := h.Reachable(); err != nil {
+			return nil, fault.Wrap(fault.Infra, fmt.Errorf("the results server %s cannot be reached: %w", spec, err))
+		}
+		return h, nil
 	}
-	return Store{Dir: spec}
+	return Store{Dir: spec}, nil
 }
 
 // Store is a directory of results by key.

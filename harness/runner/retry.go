@@ -6,14 +6,12 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/infradev/infradev/harness/attempt"
 	"github.com/infradev/infradev/harness/result"
 )
 
-// Attempter runs attempts and names the key under which their results may be reused.
-type Attempter interface {
-	Run(ctx context.Context, in Inputs, out string) (*result.Result, error)
-	Digests(in Inputs) (result.Inputs, error)
-}
+// Attempter runs attempts (package attempt).
+type Attempter = attempt.Attempter
 
 // Retry runs an attempt again when it ends in an infrastructure error: such a fault is the
 // harness's, never the submission's. The failed attempts' folders are kept inside the final

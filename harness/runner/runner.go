@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/infradev/infradev/harness/atomicfile"
+	"github.com/infradev/infradev/harness/attempt"
 	"github.com/infradev/infradev/harness/canary"
 	"github.com/infradev/infradev/harness/cheat"
 	"github.com/infradev/infradev/harness/digest"
@@ -42,33 +43,8 @@ import (
 	"github.com/infradev/infradev/harness/unpack"
 )
 
-// Inputs are everything an attempt depends on.
-type Inputs struct {
-	Task   *task.Task
-	Probes *probe.Set
-	// Layout is the OCI image layout holding the environment; Image its manifest digest.
-	Layout string
-	Image  string
-	// Patch is the submission, a unified diff; empty means no change.
-	Patch      []byte
-	InstanceID string
-	Model      string
-	// MeasureBudgets records budgeted probes' figures without judging them: how gold's
-	// baseline is measured.
-	MeasureBudgets bool
-	// GPUs are the device indices leased to this attempt (CUDA_VISIBLE_DEVICES inside).
-	GPUs []int
-	// PromptVariant names the prompt the submission was made from, and Attempt which of an
-	// agent's repeated attempts it is (both recorded only).
-	PromptVariant string
-	Attempt       int
-	// Cheat names an in-process cheat (package cheat) the harness adds to the submission, as
-	// the code under test would carry it: how validation checks that canaries and probes hold.
-	Cheat string
-	// AllPhases runs the official tests and probes even after a phase fails (the verdict is
-	// the same): validation uses it to see the probes' own judgement of every sample.
-	AllPhases bool
-}
+// Inputs are everything an attempt depends on (package attempt).
+type Inputs = attempt.Inputs
 
 // Runner runs attempts. Hand-wire it in main; tests may give it another Sandbox.
 type Runner struct {

@@ -16,6 +16,8 @@ import (
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/infradev/infradev/harness/fault"
 )
 
 // FieldError is one problem in a spec file.
@@ -51,6 +53,9 @@ func (es Errors) Error() string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// FaultClass: a spec file's problems are the caller's input (package fault).
+func (es Errors) FaultClass() fault.Class { return fault.Input }
 
 // Err returns es as an error, or nil when there are no problems.
 func (es Errors) Err() error {

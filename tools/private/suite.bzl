@@ -28,4 +28,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:dbefca29c6dea6d500ab6e2698ff851b5b9545c4196725aa3a31ad527f318ab8"
+HARNESS_DIGEST = "sha256:bb40bb06507743056d0e18ce5741a4f212dd731e421346eaeb1c090d3ef1bc68"

@@ -86,7 +86,7 @@ func OpenWorkspace(sb sandbox.Sandbox, scratch string, s WorkspaceSpec) (*Worksp
 			return nil, err
 		}
 	}
-	w.env = mergeEnv(s.Env, "HOME="+HomeDir, "INFRADEV_PROMPT="+PromptDir+"/prompt.md", "INFRADEV_AGENT_LOGS="+LogsDir,
+	w.env = sandbox.MergeEnv(s.Env, "HOME="+HomeDir, "INFRADEV_PROMPT="+PromptDir+"/prompt.md", "INFRADEV_AGENT_LOGS="+LogsDir,
 		"INFRADEV_REPO="+s.Repo, "LC_ALL=C.UTF-8", "PYTHONDONTWRITEBYTECODE=1", "GIT_TERMINAL_PROMPT=0")
 	if s.PromptDir != "" {
 		w.mount = append(w.mount, sandbox.Mount{Source: s.PromptDir, Dest: PromptDir, ReadOnly: true})
@@ -111,7 +111,7 @@ func (w *Workspace) Run(ctx context.Context, e Exec) (*sandbox.Result, error) {
 		Writable: []string{w.repo, LogsDir, HomeDir},
 		Mounts:   w.mount,
 		Args:     e.Args,
-		Env:      mergeEnv(w.env, e.Env...),
+		Env:      sandbox.MergeEnv(w.env, e.Env...),
 		Cwd:      w.repo,
 		Network:  e.Network,
 		Limits:   w.lim,
@@ -244,20 +244,4 @@ func (c *capped) Write(p []byte) (int, error) {
 		c.n -= k
 	}
 	return len(p), nil
-}
-
-// mergeEnv returns env with each KEY=VALUE of over set, replacing an earlier value of KEY.
-func mergeEnv(env []string, over ...string) []string {
-	out := []string{}
-	index := map[string]int{}
-	for _, kv := range append(append([]string{}, env...), over...) {
-		k, _, _ := strings.Cut(kv, "=")
-		if i, ok := index[k]; ok {
-			out[i] = kv
-			continue
-		}
-		index[k] = len(out)
-		out = append(out, kv)
-	}
-	return out
 }

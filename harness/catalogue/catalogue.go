@@ -20,18 +20,20 @@ import (
 
 // Row is one task of the catalogue.
 type Row struct {
-	ID, Project, Kind string
+	ID      string `json:"id"`
+	Project string `json:"project"`
+	Kind    string `json:"kind"`
 	// Upstream is "owner/repo@short-commit", or "" for the demo suite.
-	Upstream   string
-	Categories []string
-	Probes     int
-	FailToPass int
-	GPUs       int // what an attempt here needs
-	PoolGPUs   int // what the change's own tests use upstream
+	Upstream   string   `json:"upstream,omitempty"`
+	Categories []string `json:"probe_categories"`
+	Probes     int      `json:"probes"`
+	FailToPass int      `json:"fail_to_pass"`
+	GPUs       int      `json:"gpus"`      // what an attempt here needs
+	PoolGPUs   int      `json:"pool_gpus"` // what the change's own tests use upstream
 	// Status is cpu, gpu (validated, with the record current), stale (a record for another
 	// version of the task or probes), gpu-pending (needs GPUs, not validated on them) or
 	// unvalidated.
-	Status string
+	Status string `json:"status"`
 }
 
 // Rows reads every task under tasksRoot with its probes, its environment's lock (under

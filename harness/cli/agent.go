@@ -38,6 +38,7 @@ func newAgentRunCmd(g *globals) *cobra.Command {
 		out, results, skill      string
 		variants                 []string
 		attempts, jobs, evalJobs int
+		asJSON                   bool
 	}
 	cmd := &cobra.Command{
 		Use:   "run --agent NAME --tasks DIR|GLOB|ID [...] --run-id ID",
@@ -121,10 +122,9 @@ Exit codes: 0 every attempt ran and was graded (whatever the verdicts); 2 bad us
 			if err != nil {
 				return err
 			}
-			if err := report.WriteTable(cmd.OutOrStdout(), s); err != nil {
+			if err := printSummary(cmd.OutOrStdout(), s, o.asJSON, filepath.Join(runDir, "report.json")); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "\nreport: %s (.md, .html, .junit.xml beside it)\n", filepath.Join(runDir, "report.json"))
 			if err := infraFaults(outcomes.Results); err != nil {
 				return err
 			}
@@ -142,6 +142,7 @@ Exit codes: 0 every attempt ran and was graded (whatever the verdicts); 2 bad us
 	f.StringVar(&o.runID, "run-id", "", "name of this run")
 	f.StringArrayVar(&o.variants, "prompt-variant", []string{agent.Instruction}, "prompt variant: instruction, pr_description or instruction+skill; repeatable")
 	f.StringVar(&o.skill, "skill", "", "skill folder (SKILL.md) for the instruction+skill variant, as `infradev skill` writes it")
+	f.BoolVar(&o.asJSON, "json", false, "print the summary (report.json) as JSON instead of the tables")
 	f.IntVar(&o.attempts, "attempts", 1, "attempts per task and variant (pass@k needs k of them)")
 	f.IntVar(&o.jobs, "jobs", 1, "agent attempts at once")
 	f.IntVar(&o.evalJobs, "eval-jobs", 0, "gradings at once (0: as capacity allows)")

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 
@@ -15,6 +16,7 @@ import (
 func newCatalogueCmd() *cobra.Command {
 	var o struct {
 		tasks, probes, envs, write, check string
+		asJSON                            bool
 	}
 	cmd := &cobra.Command{
 		Use:   "catalogue",
@@ -32,6 +34,11 @@ Exit codes: 0 printed, written or current; 1 stale (--check); 2 bad usage or spe
 			rows, err := catalogue.Rows(o.tasks, o.probes, o.envs)
 			if err != nil {
 				return err
+			}
+			if o.asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(rows)
 			}
 			table := catalogue.Markdown(rows)
 			file := o.write
@@ -64,6 +71,7 @@ Exit codes: 0 printed, written or current; 1 stale (--check); 2 bad usage or spe
 	f.StringVar(&o.tasks, "tasks", "tasks", "tasks root")
 	f.StringVar(&o.probes, "probes", "probes", "probes root")
 	f.StringVar(&o.envs, "environments", "environments", "environments root (a record for another environment lock is stale)")
+	f.BoolVar(&o.asJSON, "json", false, "print the rows as JSON")
 	f.StringVar(&o.write, "write", "", "replace the catalogue between the markers in this Markdown file")
 	f.StringVar(&o.check, "check", "", "check the catalogue between the markers in this Markdown file is current")
 	return cmd

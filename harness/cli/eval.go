@@ -31,6 +31,7 @@ func newEvalCmd(g *globals) *cobra.Command {
 		envs, out, results   string
 		match, label, prompt string
 		jobs, gpus           int
+		asJSON               bool
 		cpus                 float64
 		memory               string
 	}
@@ -120,10 +121,9 @@ Exit codes: 0 the evaluation completed (whatever the verdicts); 2 bad usage or i
 			if err != nil {
 				return err
 			}
-			if err := report.WriteTable(cmd.OutOrStdout(), s); err != nil {
+			if err := printSummary(cmd.OutOrStdout(), s, o.asJSON, filepath.Join(runDir, "report.json")); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "\nreport: %s (.md, .html, .junit.xml beside it)\n", filepath.Join(runDir, "report.json"))
 			return infraFaults(results)
 		},
 	}
@@ -138,6 +138,7 @@ Exit codes: 0 the evaluation completed (whatever the verdicts); 2 bad usage or i
 	f.StringVar(&o.match, "match", "", "evaluate only tasks whose directory matches this glob (e.g. 'tasks/demo/minitron-*')")
 	f.StringVar(&o.label, "label", "", "evaluate only tasks carrying this label")
 	f.StringVar(&o.prompt, "prompt-variant", "instruction", "the prompt the predictions were made from (instruction or pr_description), for the report")
+	f.BoolVar(&o.asJSON, "json", false, "print the summary (report.json) as JSON instead of the tables")
 	f.IntVar(&o.jobs, "jobs", 0, "run at most this many attempts at once (0: as capacity allows)")
 	f.Float64Var(&o.cpus, "cpus", float64(runtime.NumCPU()), "CPUs to pack attempts onto")
 	f.StringVar(&o.memory, "memory", "", "memory to pack attempts onto (default: this machine's)")

@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"encoding/json"
 	"fmt"
+	"io"
 	"path/filepath"
 
 	"github.com/spf13/cobra"
@@ -11,7 +13,8 @@ import (
 )
 
 func newReportCmd() *cobra.Command {
-	return &cobra.Command{
+	var asJSON bool
+	cmd := &cobra.Command{
 		Use:   "report RUN_DIR",
 		Short: "Regenerate a run's reports from its stored results, running nothing",
 		Long: `Read every RUN_DIR/<model>/<instance>/result.json and write RUN_DIR/report.json, report.md,
@@ -29,11 +32,24 @@ report.html, report.junit.xml and each instance's report.json; print the table.`
 			if err != nil {
 				return err
 			}
-			if err := report.WriteTable(cmd.OutOrStdout(), s); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "\nreport: %s\n", filepath.Join(args[0], "report.html"))
-			return nil
+			return printSummary(cmd.OutOrStdout(), s, asJSON, filepath.Join(args[0], "report.json"))
 		},
 	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the summary (report.json) as JSON instead of the tables")
+	return cmd
+}
+
+// printSummary prints a run's summary: the tables, or with asJSON the summary as JSON
+// (report.json's content), then where the report is.
+func printSummary(w io.Writer, s report.Summary, asJSON bool, where string) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(s)
+	}
+	if err := report.WriteTable(w, s); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "\nreport: %s (.md, .html, .junit.xml beside it)\n", where)
+	return err
 }

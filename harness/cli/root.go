@@ -246,20 +246,24 @@ func (g *globals) runner() (runner.Attempter, error) {
 	if err != nil {
 		return nil, err
 	}
+	runc := &sandbox.Runc{Binary: envOr("INFRADEV_RUNTIME", "runc"), StateDir: filepath.Join(cache, "sandbox")}
 	r := &runner.Runner{
-		Sandbox:    &sandbox.Runc{Binary: envOr("INFRADEV_RUNTIME", "runc"), StateDir: filepath.Join(cache, "sandbox")},
+		Sandbox:    gpu.Sandbox{Sandbox: runc},
 		Cache:      unpack.Cache{Dir: filepath.Join(cache, "unpacked")},
 		Scratch:    filepath.Join(cache, "scratch"),
 		TaskChecks: filepath.Join(cache, "task-checks"),
 		Harness:    key,
 	}
-	if m := g.machine(); m != nil && len(m.Devices) > 0 {
-		r.GPUs = gpu.HostNodes{Machine: m}
-		r.NVML = g.nvml
-		r.Leases = &runner.Leases{Dir: envOr("INFRADEV_GPU_LEASES", "/run/infradev/gpu-leases"), Machine: m}
-		r.Hardware = "gpu:" + m.Devices[0].Name
+	m := g.machine()
+	if m == nil || len(m.Devices) == 0 {
+		return runner.Retry{Attempter: r}, nil
 	}
-	return runner.Retry{Attempter: r}, nil
+	// On a GPU machine: leases around the runner (a retry leases other GPUs than a faulty
+	// one), and the sandbox wrapped to pass the leased GPUs through and meter them.
+	leased := &runner.Leased{Attempter: r, Dir: envOr("INFRADEV_GPU_LEASES", "/run/infradev/gpu-leases"), Machine: m}
+	r.Sandbox = gpu.Sandbox{Sandbox: runc, Nodes: gpu.HostNodes{Machine: m}, NVML: g.nvml, OnFault: leased.SetAside}
+	r.Hardware = "gpu:" + m.Devices[0].Name
+	return runner.Retry{Attempter: leased}, nil
 }
 
 // machine discovers the GPUs once; nil when there is no driver.

@@ -11,18 +11,10 @@ import (
 	"github.com/joshdk/go-junit"
 
 	"github.com/infradev/infradev/harness/probe"
+	"github.com/infradev/infradev/harness/pytestproto"
 	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/sandbox"
 	"github.com/infradev/infradev/harness/tamper"
-)
-
-// Exit codes of the harness's setup script inside the sandbox. 30 and 32 are decided before
-// the submission is applied (faults of the task); 20 and 21 are the submission's.
-const (
-	ExitPatchDoesNotApply = 20 // git apply refused the submission
-	ExitSetupOverPatch    = 21 // the official tests could not be put in place over the submission
-	ExitNotAtBase         = 30 // the task repository is not at its base commit
-	ExitTestsDoNotApply   = 32 // the official test patch does not apply at the base commit
 )
 
 // Raw is what one phase produced.
@@ -62,13 +54,13 @@ func Apply(raw Raw) result.Phase {
 		p.Status, p.Detail = result.StatusTimeout, "applying the patch timed out"
 	case raw.Run.ExitCode == 0:
 		p.Status = result.StatusPassed
-	case raw.Run.ExitCode == ExitPatchDoesNotApply:
+	case raw.Run.ExitCode == pytestproto.ExitPatchDoesNotApply:
 		p.Status, p.Detail = result.StatusFailed, "the patch does not apply (git apply)"
-	case raw.Run.ExitCode == ExitSetupOverPatch:
+	case raw.Run.ExitCode == pytestproto.ExitSetupOverPatch:
 		p.Status, p.Detail = result.StatusFailed, "the official tests could not be put in place over the patch"
-	case raw.Run.ExitCode == ExitNotAtBase:
+	case raw.Run.ExitCode == pytestproto.ExitNotAtBase:
 		p.Status, p.Detail = result.StatusError, "task repository is not at its base commit"
-	case raw.Run.ExitCode == ExitTestsDoNotApply:
+	case raw.Run.ExitCode == pytestproto.ExitTestsDoNotApply:
 		p.Status, p.Detail = result.StatusError, "the official test patch does not apply at the base commit"
 	default:
 		p.Status, p.Detail = result.StatusError, fmt.Sprintf("setup script exited %d", raw.Run.ExitCode)
@@ -382,7 +374,7 @@ func classify(p result.Phase) string {
 	case result.StatusTampered:
 		return result.Tampered
 	case result.StatusError:
-		if p.Name == TaskPhase || (p.Name == "apply" && (p.ExitCode == ExitNotAtBase || p.ExitCode == ExitTestsDoNotApply)) {
+		if p.Name == TaskPhase || (p.Name == "apply" && (p.ExitCode == pytestproto.ExitNotAtBase || p.ExitCode == pytestproto.ExitTestsDoNotApply)) {
 			return result.TaskError
 		}
 		return result.InfraError

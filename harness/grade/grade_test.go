@@ -9,6 +9,7 @@ import (
 
 	"github.com/infradev/infradev/harness/grade"
 	"github.com/infradev/infradev/harness/probe"
+	"github.com/infradev/infradev/harness/pytestproto"
 	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/sandbox"
 	"github.com/infradev/infradev/harness/tamper"
@@ -76,7 +77,7 @@ func TestVerdict(t *testing.T) {
 		cats   []string
 	}{
 		{"resolved", []result.Phase{ok, {Name: "tests", Status: "passed"}, {Name: "probes", Status: "passed"}}, "", nil},
-		{"patch", []result.Phase{{Name: "apply", Status: "failed", ExitCode: grade.ExitPatchDoesNotApply}}, result.PatchApplyFailed, nil},
+		{"patch", []result.Phase{{Name: "apply", Status: "failed", ExitCode: pytestproto.ExitPatchDoesNotApply}}, result.PatchApplyFailed, nil},
 		{"tests", []result.Phase{ok, {Name: "tests", Status: "failed"}, {Name: "probes", Status: "failed"}}, result.OfficialTestsFailed, nil},
 		{"probes", []result.Phase{ok, {Name: "tests", Status: "passed"}, {Name: "probes", Status: "failed", Tests: []result.TestOutcome{
 			{ID: "a", Outcome: "failed", Category: "state"}, {ID: "b", Outcome: "passed", Category: "memory"}, {ID: "c", Outcome: "missing", Category: "traffic"}}}},
@@ -84,7 +85,7 @@ func TestVerdict(t *testing.T) {
 		{"timeout", []result.Phase{ok, {Name: "tests", Status: "timeout"}}, result.Timeout, nil},
 		{"oom", []result.Phase{ok, {Name: "tests", Status: "oom"}}, result.OOM, nil},
 		{"infra", []result.Phase{{Name: "infra", Status: "error"}}, result.InfraError, nil},
-		{"task", []result.Phase{{Name: "apply", Status: "error", ExitCode: grade.ExitNotAtBase}}, result.TaskError, nil},
+		{"task", []result.Phase{{Name: "apply", Status: "error", ExitCode: pytestproto.ExitNotAtBase}}, result.TaskError, nil},
 		{"nothing ran", nil, result.InfraError, nil},
 	}
 	for _, c := range cases {
@@ -102,7 +103,7 @@ func TestVerdict(t *testing.T) {
 }
 
 func TestApplyClassifiesSetupExits(t *testing.T) {
-	for code, want := range map[int]string{0: "passed", grade.ExitPatchDoesNotApply: "failed", grade.ExitNotAtBase: "error", 1: "error"} {
+	for code, want := range map[int]string{0: "passed", pytestproto.ExitPatchDoesNotApply: "failed", pytestproto.ExitNotAtBase: "error", 1: "error"} {
 		p := grade.Apply(grade.Raw{Run: &sandbox.Result{ExitCode: code}})
 		if p.Status != want {
 			t.Errorf("Apply(exit %d) = %s, want %s", code, p.Status, want)
@@ -213,7 +214,7 @@ func TestSealedTestsDetectForgery(t *testing.T) {
 func TestTaskFaultsAreDecidedWithoutTheSubmission(t *testing.T) {
 	cases := map[string]result.Phase{
 		result.TaskError:        grade.TaskFault("probes/test_x.py:3: syntax error"),
-		result.PatchApplyFailed: grade.Apply(grade.Raw{Run: &sandbox.Result{ExitCode: grade.ExitSetupOverPatch}}),
+		result.PatchApplyFailed: grade.Apply(grade.Raw{Run: &sandbox.Result{ExitCode: pytestproto.ExitSetupOverPatch}}),
 		result.Tampered:         grade.Integrity([]tamper.Finding{{File: "a\nb.py", Reason: "the path has control characters"}}),
 	}
 	for want, p := range cases {

@@ -22,7 +22,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"golang.org/x/sys/unix"
 
 	"github.com/infradev/infradev/harness/atomicfile"
@@ -30,12 +29,10 @@ import (
 	"github.com/infradev/infradev/harness/canary"
 	"github.com/infradev/infradev/harness/cheat"
 	"github.com/infradev/infradev/harness/digest"
-	"github.com/infradev/infradev/harness/gpu"
 	"github.com/infradev/infradev/harness/grade"
-	"github.com/infradev/infradev/harness/judge"
-	"github.com/infradev/infradev/harness/lease"
 	"github.com/infradev/infradev/harness/logcap"
 	"github.com/infradev/infradev/harness/probe"
+	"github.com/infradev/infradev/harness/pytestproto"
 	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/sandbox"
 	"github.com/infradev/infradev/harness/tamper"
@@ -62,25 +59,18 @@ type Runner struct {
 	MaxPatchBytes int
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
-	// GPUs passes leased GPUs into the sandbox; nil sets only the visibility variables.
-	GPUs gpu.Nodes
-	// NVML, when set, meters the leased GPUs' memory per phase and watches them for Xid faults.
-	NVML nvml.Interface
 	// TaskChecks is where the outcome of each task's own check (CheckTask) is kept across
 	// processes; empty keeps it in memory only.
 	TaskChecks string
-	// Leases, when set, leases the task's GPUs across processes (file locks) for each
-	// attempt, overriding Inputs.GPUs: concurrent runners never share a GPU.
-	Leases *Leases
 
 	checks sync.Map // task check key -> fault string
 }
 
 // Paths inside the sandbox.
 const (
-	inDir       = "/run/infradev/in"
-	outDir      = "/run/infradev/out"
-	probesMount = "/run/infradev/probes"
+	inDir       = pytestproto.InDir
+	outDir      = pytestproto.OutDir
+	probesMount = pytestproto.ProbesMount
 )
 
 // Run runs one attempt and writes result.json, junit files and logs under out. Faults of the
@@ -212,29 +202,6 @@ func notAnInput(rel string) bool {
 		rel == "validation.json"
 }
 
-// Leases is where GPU leases are taken: a runtime directory of lock files and the machine.
-// GPUs that reported a fault (an Xid) are set aside for the rest of the process, so a retry
-// runs on other GPUs.
-type Leases struct {
-	Dir     string
-	Machine *gpu.Machine
-
-	mu     sync.Mutex
-	faulty []int
-}
-
-func (l *Leases) setAside(indices ...int) {
-	l.mu.Lock()
-	l.faulty = append(l.faulty, indices...)
-	l.mu.Unlock()
-}
-
-func (l *Leases) excluded() []int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]int{}, l.faulty...)
-}
-
 // attempt runs the phases, appending each graded phase to res. A returned error is an
 // infrastructure fault.
 func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result.Result) error {
@@ -253,16 +220,6 @@ func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result
 	if fault != "" {
 		res.Phases = append(res.Phases, grade.TaskFault(fault))
 		return nil
-	}
-	if n := t.Resources.GPUs.Count; n > 0 && r.Leases != nil {
-		l, err := lease.Acquire(ctx, r.Leases.Dir, r.Leases.Machine, lease.Request{Count: n,
-			MinMemory: uint64(t.Resources.GPUs.MinMemoryBytes), Connected: t.Resources.GPUs.Connected,
-			Exclude: r.Leases.excluded()})
-		if err != nil {
-			return fmt.Errorf("leasing %d GPUs: %w", n, err)
-		}
-		defer l.Release()
-		in.GPUs = l.Indices
 	}
 	a, err := r.open(ctx, in)
 	if err != nil {
@@ -359,7 +316,6 @@ type attemptEnv struct {
 	probeDir string
 	ov       *sandbox.Overlay
 	base     sandbox.Spec
-	gpus     []int
 	// files are the official test files: what the setup puts back and canaries go into.
 	files []string
 }
@@ -374,7 +330,7 @@ func (r *Runner) open(ctx context.Context, in Inputs) (*attemptEnv, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &attemptEnv{r: r, in: in, work: work, gpus: in.GPUs, files: officialFiles(t)}
+	a := &attemptEnv{r: r, in: in, work: work, files: officialFiles(t)}
 	ok := false
 	defer func() {
 		if !ok {
@@ -420,33 +376,18 @@ func (r *Runner) open(ctx context.Context, in Inputs) (*attemptEnv, error) {
 	if imagePath != "" {
 		harnessPath += ":" + imagePath
 	}
-	env := mergeEnv(cfg.Config.Env, "PYTHONPATH="+harnessPath, "INFRADEV_CHILD_PYTHONPATH="+childPath,
+	env := sandbox.MergeEnv(cfg.Config.Env, "PYTHONPATH="+harnessPath, "INFRADEV_CHILD_PYTHONPATH="+childPath,
 		// PYTHONSAFEPATH: the working directory (the repository) is not put first on sys.path,
 		// so a repository cannot shadow the test runner's own modules.
 		"HOME=/tmp", "PYTHONDONTWRITEBYTECODE=1", "PYTHONHASHSEED=0", "PYTHONSAFEPATH=1",
 		"PYTHONNOUSERSITE=1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", "LC_ALL=C.UTF-8", "INFRADEV_REPO="+t.Repo.Path)
-	var devices []sandbox.Device
-	var gpuMounts []sandbox.Mount
-	if len(in.GPUs) > 0 {
-		if r.GPUs == nil {
-			env = mergeEnv(env, gpu.Visibility(in.GPUs)...)
-		} else {
-			p, err := r.GPUs.Passthrough(in.GPUs)
-			if err != nil {
-				return nil, fmt.Errorf("GPU pass-through: %w", err)
-			}
-			env = mergeEnv(env, p.Env...)
-			devices, gpuMounts = p.Devices, p.Mounts
-		}
-	}
 	a.base = sandbox.Spec{
 		Root:     a.ov.Merged,
 		Writable: []string{t.Repo.Path},
 		Env:      env,
 		Cwd:      t.Repo.Path,
 		Limits:   sandbox.Limits{MemoryBytes: t.Resources.MemoryBytes, Pids: int64(t.Resources.Pids), CPUs: t.Resources.CPUs},
-		Devices:  devices,
-		Mounts:   gpuMounts,
+		GPUs:     in.GPUs,
 	}
 	ok = true
 	return a, nil
@@ -459,33 +400,16 @@ func (a *attemptEnv) close() {
 	os.RemoveAll(a.work)
 }
 
-// mergeEnv returns env with each KEY=VALUE of over set, replacing any earlier value of KEY:
-// an environment never holds a key twice (which value a program sees would depend on it).
-func mergeEnv(env []string, over ...string) []string {
-	out := []string{}
-	index := map[string]int{}
-	for _, kv := range append(append([]string{}, env...), over...) {
-		k, _, _ := strings.Cut(kv, "=")
-		if i, ok := index[k]; ok {
-			out[i] = kv
-			continue
-		}
-		index[k] = len(out)
-		out = append(out, kv)
-	}
-	return out
-}
-
 // apply runs the setup script over the submission and reads back what the patch left on disk
 // for the static scan. A setup that ran but could not read its changes back is graded here.
 func (a *attemptEnv) apply(ctx context.Context, out string, patch []byte, c *canary.Set, ch *cheat.Cheat) (result.Phase, []tamper.Finding, error) {
 	t := a.in.Task
 	dir := filepath.Join(a.work, "in-apply")
-	if err := stageApply(dir, t, a.files, patch, c, ch); err != nil {
+	if err := pytestproto.StageApply(dir, t, a.files, patch, c, ch); err != nil {
 		return result.Phase{}, nil, err
 	}
 	mounts := []sandbox.Mount{{Source: dir, Dest: inDir, ReadOnly: true}}
-	raw, err := a.run(ctx, out, "apply", a.base, mounts, []string{"python3", "-I", inDir + "/apply.py"}, t.Timeouts.ApplyD, false)
+	raw, err := a.run(ctx, out, "apply", a.base, mounts, pytestproto.ApplyCommand, t.Timeouts.ApplyD, false)
 	if err != nil {
 		return result.Phase{}, nil, err
 	}
@@ -526,15 +450,14 @@ func readLimited(path string, limit int64) ([]byte, error) {
 	return data, err
 }
 
-// maxChanges bounds what the static scan reads of a patch's files (a small binary delta can
-// write large files).
-const maxChanges = 64 << 20
+// maxChanges bounds what the static scan reads of a patch's files.
+const maxChanges = pytestproto.MaxChanges
 
 // tests runs test ids of the repository (official tests and canaries) under the sealed report:
 // their files are collected whole and the report plugin keeps exactly these ids.
 func (a *attemptEnv) tests(ctx context.Context, out, name string, ids []string) (grade.Raw, error) {
 	dir := filepath.Join(a.work, "in-"+name)
-	if err := stageTests(dir, ids); err != nil {
+	if err := pytestproto.StageTests(dir, ids); err != nil {
 		return grade.Raw{}, err
 	}
 	mounts := []sandbox.Mount{{Source: dir, Dest: inDir, ReadOnly: true}}
@@ -546,14 +469,14 @@ func (a *attemptEnv) tests(ctx context.Context, out, name string, ids []string) 
 			files = append(files, f)
 		}
 	}
-	args := append(append(pytest(nil, ""), plugins(a.in.Task)...), "--infradev-select="+inDir+"/ids.txt")
+	args := append(append(pytestproto.Command(nil, ""), pytestproto.Plugins(a.in.Task)...), "--infradev-select="+inDir+"/ids.txt")
 	return a.run(ctx, out, name, a.base, mounts, append(args, files...), a.in.Task.Timeouts.TestsD, true)
 }
 
 func (a *attemptEnv) runProbes(ctx context.Context, out string, in Inputs) (result.Phase, error) {
 	t := in.Task
 	dir := filepath.Join(a.work, "in-probes")
-	if err := stageProbes(dir); err != nil {
+	if err := pytestproto.StageProbes(dir); err != nil {
 		return result.Phase{}, err
 	}
 	spec := a.judgeSpec()
@@ -568,14 +491,14 @@ func (a *attemptEnv) runProbes(ctx context.Context, out string, in Inputs) (resu
 	}
 	phase := result.Phase{Name: "probes", Status: result.StatusPassed}
 	if len(plain) > 0 {
-		raw, err := a.run(ctx, out, "probes", spec, mounts, pytest(plain, probesMount), t.Timeouts.ProbesD, true)
+		raw, err := a.run(ctx, out, "probes", spec, mounts, pytestproto.Command(plain, probesMount), t.Timeouts.ProbesD, true)
 		if err != nil {
 			return phase, err
 		}
 		phase = grade.Tests("probes", raw, grade.Expected{IDs: plain, Probes: infos})
 	}
 	for _, p := range in.Probes.Budgeted() {
-		raw, err := a.run(ctx, out, "probe-"+p.ID, spec, mounts, pytest([]string{p.Test}, probesMount), t.Timeouts.ProbesD, true)
+		raw, err := a.run(ctx, out, "probe-"+p.ID, spec, mounts, pytestproto.Command([]string{p.Test}, probesMount), t.Timeouts.ProbesD, true)
 		if err != nil {
 			return phase, err
 		}
@@ -597,40 +520,9 @@ func (a *attemptEnv) runProbes(ctx context.Context, out string, in Inputs) (resu
 func (a *attemptEnv) judgeSpec() sandbox.Spec {
 	s := a.base
 	s.Capabilities = []string{"CAP_SETUID", "CAP_SETGID"}
-	s.Env = mergeEnv(s.Env, "PYTHONPATH="+inDir)
+	s.Env = sandbox.MergeEnv(s.Env, "PYTHONPATH="+inDir)
 	s.Cwd = probesMount
 	return s
-}
-
-// pytest is the harness-owned test command: no cache, no plugin autoload (set in the
-// environment), the harness's report plugin, JUnit into the report pipe, exactly the expected
-// ids. With root set (probes), ids are relative to it and the judge's plugin guards imports.
-func pytest(ids []string, root string) []string {
-	// -s: output streams to the capped log instead of piling up in pytest's capture files.
-	// --continue-on-collection-errors: a module that fails to import fails its own tests only;
-	// the other ids still run (pytest stops the whole session otherwise).
-	// -o addopts=: the repository's own command-line defaults (-x, plugins, reports) are not
-	// the harness's command.
-	args := []string{"python3", "-m", "pytest", "-p", "no:cacheprovider", "-p", reportPluginName,
-		"-o", "junit_family=xunit1", "-o", "addopts=", "--junitxml=/dev/fd/4", "-q", "-rN", "-s", "--continue-on-collection-errors"}
-	if root != "" {
-		// Probes run under the harness's own configuration (probes.ini), never the repository's.
-		args = append(args, "-p", judge.LibraryModule, "-c", inDir+"/probes.ini", "--rootdir="+root, "--confcutdir="+root)
-		for _, id := range ids {
-			args = append(args, path.Join(root, id))
-		}
-		return args
-	}
-	return append(args, ids...)
-}
-
-// plugins are the -p arguments loading the pytest plugins a task's tests need (autoload is off).
-func plugins(t *task.Task) []string {
-	var out []string
-	for _, p := range t.Tests.Plugins {
-		out = append(out, "-p", p)
-	}
-	return out
 }
 
 // run runs one sandboxed command with the given read-only mounts and a fresh, empty output
@@ -657,52 +549,29 @@ func (a *attemptEnv) run(ctx context.Context, out, name string, spec sandbox.Spe
 	spec.Args = args
 	spec.Timeout = timeout
 	spec.Stdout, spec.Stderr = log, log
-	var ch *reportChannel
+	var ch *pytestproto.ReportChannel
 	if sealed {
-		if ch, err = openReportChannel(); err != nil {
+		if ch, err = pytestproto.OpenReportChannel(); err != nil {
 			log.Close()
 			return grade.Raw{}, err
 		}
-		defer ch.close()
-		spec.ExtraFiles = ch.files()
+		defer ch.Close()
+		spec.ExtraFiles = ch.Files()
 	}
 	spec.Mounts = append(append(append([]sandbox.Mount{}, spec.Mounts...), mounts...),
 		sandbox.Mount{Source: outHost, Dest: outDir})
-	gpus := a.gpus
-	var sampler *gpu.Sampler
-	var watch *gpu.Watch
-	if r.NVML != nil && len(gpus) > 0 {
-		sampler = gpu.Sample(r.NVML, gpus, 0)
-		if watch, err = gpu.WatchXids(r.NVML, gpus); err != nil {
-			sampler.Stop()
-			log.Close()
-			return grade.Raw{}, err
-		}
-	}
 	run, err := r.Sandbox.Run(ctx, spec)
 	if cerr := log.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
-	var gpuPeak uint64
-	if sampler != nil {
-		gpuPeak = sampler.Stop()
-		if xids := watch.Stop(); len(xids) > 0 && err == nil {
-			if r.Leases != nil {
-				for _, x := range xids {
-					r.Leases.setAside(x.Index)
-				}
-			}
-			err = fmt.Errorf("GPU fault during the run: Xid %d on GPU %d", xids[0].Code, xids[0].Index)
-		}
-	}
 	if err != nil {
 		return grade.Raw{}, fmt.Errorf("%s phase: %w", name, err)
 	}
-	raw := grade.Raw{Run: run, Log: logRel, GPUPeakMemory: gpuPeak}
+	raw := grade.Raw{Run: run, Log: logRel, GPUPeakMemory: run.GPUPeakMemory}
 	if ch == nil {
 		return raw, nil
 	}
-	data, err := ch.report()
+	data, err := ch.Report()
 	if err != nil {
 		raw.ReportProblem = err.Error()
 		return raw, nil

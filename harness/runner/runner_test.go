@@ -459,11 +459,10 @@ func TestGPUFaultIsRetriedOnOtherGPUs(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := testenv.Runner(t, nil)
-	r.Sandbox = &gpuFaults{Sandbox: r.Sandbox, m: lib}
-	r.GPUs, r.NVML = fake, lib
-	r.Leases = &runner.Leases{Dir: t.TempDir(), Machine: m}
+	leased := &runner.Leased{Attempter: r, Dir: t.TempDir(), Machine: m}
+	r.Sandbox = gpu.Sandbox{Sandbox: &gpuFaults{Sandbox: r.Sandbox, m: lib}, Nodes: fake, NVML: lib, OnFault: leased.SetAside}
 	gold, _ := os.ReadFile(tk.File(tk.Gold))
-	res, err := runner.Retry{Attempter: r}.Run(context.Background(), testenv.Inputs(t, &c, ps, gold), t.TempDir())
+	res, err := runner.Retry{Attempter: leased}.Run(context.Background(), testenv.Inputs(t, &c, ps, gold), t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/infradev/infradev/harness/pytestproto"
 	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/sandbox"
 )
@@ -39,10 +40,10 @@ func (r *Runner) Survey(ctx context.Context, in Inputs, files, deselect []string
 		return nil, fmt.Errorf("setting up the repository: %s (%s)", p.Detail, filepath.Join(out, "logs", "apply.log"))
 	}
 	dir := filepath.Join(a.work, "in-survey")
-	if err := stageTests(dir, nil); err != nil {
+	if err := pytestproto.StageTests(dir, nil); err != nil {
 		return nil, err
 	}
-	args := append(append(pytest(nil, ""), plugins(in.Task)...), "--infradev-outcomes="+outDir+"/outcomes.json")
+	args := append(append(pytestproto.Command(nil, ""), pytestproto.Plugins(in.Task)...), "--infradev-outcomes="+outDir+"/outcomes.json")
 	for _, d := range deselect {
 		args = append(args, "--deselect", d)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/infradev/infradev/harness/digest"
 	"github.com/infradev/infradev/harness/grade"
 	"github.com/infradev/infradev/harness/judge"
+	"github.com/infradev/infradev/harness/pytestproto"
 	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/sandbox"
 )
@@ -164,7 +165,7 @@ func (r *Runner) runTaskCheck(ctx context.Context, in Inputs, out string) (strin
 // judge's configuration.
 func (a *attemptEnv) checkProbes(ctx context.Context, out string, in Inputs) ([]judge.Problem, error) {
 	dir := filepath.Join(a.work, "in-probes")
-	if err := stageProbes(dir); err != nil {
+	if err := pytestproto.StageProbes(dir); err != nil {
 		return nil, err
 	}
 	files := map[string]bool{}

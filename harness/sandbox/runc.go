@@ -30,6 +30,9 @@ type Runc struct {
 
 // Run implements Sandbox.
 func (r *Runc) Run(ctx context.Context, s Spec) (*Result, error) {
+	if len(s.GPUs) > 0 {
+		return nil, fmt.Errorf("GPUs %v: this sandbox passes no GPUs through (wrap it in gpu.Sandbox)", s.GPUs)
+	}
 	bin := r.Binary
 	if bin == "" {
 		bin = "runc"

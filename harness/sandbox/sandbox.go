@@ -9,6 +9,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"strings"
 	"time"
 )
 
@@ -47,6 +48,9 @@ type Spec struct {
 	// CAP_NET_BIND_SERVICE), e.g. CAP_SETUID and CAP_SETGID for a command that must run its
 	// children as another user.
 	Capabilities []string
+	// GPUs are indices of the machine's GPUs the command gets. A plain sandbox refuses them:
+	// a decorator that passes GPUs through (package gpu's Sandbox) takes them off the spec.
+	GPUs []int
 	// ExtraFiles are passed to the command as file descriptors 3, 4, ...; Run closes them once
 	// the command has started, so pipes given here see EOF when the command ends.
 	ExtraFiles []*os.File
@@ -82,4 +86,23 @@ type Result struct {
 	Wall       time.Duration `json:"wall_ns"`
 	CPU        time.Duration `json:"cpu_ns"`
 	PeakMemory int64         `json:"peak_memory_bytes"`
+	// GPUPeakMemory is the run's GPUs' peak memory use above idle, where they were metered.
+	GPUPeakMemory uint64 `json:"gpu_peak_memory_bytes,omitempty"`
+}
+
+// MergeEnv returns env with each KEY=VALUE of over set, replacing any earlier value of KEY:
+// an environment never holds a key twice (which value a program sees would depend on it).
+func MergeEnv(env []string, over ...string) []string {
+	out := []string{}
+	index := map[string]int{}
+	for _, kv := range append(append([]string{}, env...), over...) {
+		k, _, _ := strings.Cut(kv, "=")
+		if i, ok := index[k]; ok {
+			out[i] = kv
+			continue
+		}
+		index[k] = len(out)
+		out = append(out, kv)
+	}
+	return out
 }

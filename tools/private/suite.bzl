@@ -28,4 +28,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:bb40bb06507743056d0e18ce5741a4f212dd731e421346eaeb1c090d3ef1bc68"
+HARNESS_DIGEST = "sha256:7008b9183d9b8a51f6ccd2923d98b882b159876f514acec9c3cf0daf8b3294e3"

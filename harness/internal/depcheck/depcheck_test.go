@@ -27,9 +27,11 @@ var layers = [][]string{
 	{"specfile", "result", "gpu", "gpu/gputest"},
 	// The specs: environments, tasks, probes, predictions; GPU leases.
 	{"envspec", "task", "probe", "predictions", "lease"},
-	// Images, upstream derivations, the attempt's vocabulary, grading, reports of many
-	// results, samples, Bazel files.
-	{"image", "upstream", "attempt", "grade", "report", "samples", "suite", "bazelgen"},
+	// Images, upstream derivations, the attempt's vocabulary, the protocol with the sandbox's
+	// test runs, reports of many results, samples, Bazel files.
+	{"image", "upstream", "attempt", "pytestproto", "report", "samples", "suite", "bazelgen"},
+	// Grading a phase's raw output.
+	{"grade"},
 	// Preparing tasks' images; running one attempt; the results store around attempts.
 	{"prepare", "runner", "resultstore"},
 	// What drives attempts: validation, imports, the failure analysis.

@@ -1,4 +1,4 @@
-package runner
+package pytestproto
 
 import (
 	"bytes"
@@ -20,13 +20,14 @@ import (
 var reportPlugin []byte
 
 const (
-	reportPluginName = "infradev_report"
+	// ReportPluginName is the plugin's module name (pytest -p).
+	ReportPluginName = "infradev_report"
 	maxReportBytes   = 64 << 20
 )
 
-// reportChannel is the pair of pipes through which a test phase's JUnit report leaves the
+// ReportChannel is the pair of pipes through which a test phase's JUnit report leaves the
 // sandbox: the nonce goes in on fd 3, the report comes out on fd 4.
-type reportChannel struct {
+type ReportChannel struct {
 	nonce      []byte
 	nonceRead  *os.File
 	reportSend *os.File
@@ -39,12 +40,12 @@ type reportData struct {
 	err      error
 }
 
-func openReportChannel() (*reportChannel, error) {
+func OpenReportChannel() (*ReportChannel, error) {
 	raw := make([]byte, 24)
 	if _, err := rand.Read(raw); err != nil {
 		return nil, err
 	}
-	c := &reportChannel{nonce: []byte(hex.EncodeToString(raw)), done: make(chan reportData, 1)}
+	c := &ReportChannel{nonce: []byte(hex.EncodeToString(raw)), done: make(chan reportData, 1)}
 	nr, nw, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -73,18 +74,18 @@ func openReportChannel() (*reportChannel, error) {
 	return c, nil
 }
 
-// files are the sandbox's fds 3 and 4.
-func (c *reportChannel) files() []*os.File { return []*os.File{c.nonceRead, c.reportSend} }
+// Files are the sandbox's fds 3 and 4.
+func (c *ReportChannel) Files() []*os.File { return []*os.File{c.nonceRead, c.reportSend} }
 
-// close releases the pipes if the sandbox never took them.
-func (c *reportChannel) close() {
+// Close releases the pipes if the sandbox never took them.
+func (c *ReportChannel) Close() {
 	c.nonceRead.Close()
 	c.reportSend.Close()
 }
 
-// report waits for the sandbox to finish writing and returns the JUnit document, or why it is
+// Report waits for the sandbox to finish writing and returns the JUnit document, or why it is
 // not to be trusted.
-func (c *reportChannel) report() ([]byte, error) {
+func (c *ReportChannel) Report() ([]byte, error) {
 	d := <-c.done
 	if d.err != nil {
 		return nil, d.err

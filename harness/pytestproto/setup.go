@@ -1,4 +1,10 @@
-package runner
+// Package pytestproto owns the protocol between the harness and what runs inside the sandbox
+// for a test phase: the setup script that checks the repository is at its base commit,
+// applies a submission all-or-nothing and puts the official tests back (its inputs and its exit
+// codes, which package grade reads), the pytest command line with the harness's report plugin,
+// and the sealed channel through which a phase's JUnit report leaves the sandbox. Package
+// runner stages and runs it; nothing here runs a sandbox.
+package pytestproto
 
 import (
 	_ "embed"
@@ -14,6 +20,32 @@ import (
 	"github.com/infradev/infradev/harness/judge"
 	"github.com/infradev/infradev/harness/task"
 )
+
+// Paths inside the sandbox.
+const (
+	// InDir holds a phase's read-only inputs (the scripts, the patch, the ids to run).
+	InDir = "/run/infradev/in"
+	// OutDir is a phase's writable output folder.
+	OutDir = "/run/infradev/out"
+	// ProbesMount holds the task's probes, read-only, in the probe phases.
+	ProbesMount = "/run/infradev/probes"
+)
+
+// Exit codes of the setup script. 30 and 32 are decided before the submission is applied
+// (faults of the task); 20 and 21 are the submission's.
+const (
+	ExitPatchDoesNotApply = 20 // git apply refused the submission
+	ExitSetupOverPatch    = 21 // the official tests could not be put in place over the submission
+	ExitNotAtBase         = 30 // the task repository is not at its base commit
+	ExitTestsDoNotApply   = 32 // the official test patch does not apply at the base commit
+)
+
+// MaxChanges bounds what the static scan reads of a patch's files (a small binary delta can
+// write large files); the setup script stops writing changes.tar beyond it.
+const MaxChanges = 64 << 20
+
+// ApplyCommand is the setup phase's command.
+var ApplyCommand = []string{"python3", "-I", InDir + "/apply.py"}
 
 // setupScript is the script that sets up an attempt's repository (see its doc string).
 //
@@ -66,14 +98,14 @@ func TestRoots(files []string) []string {
 	return out
 }
 
-// stageApply writes the setup phase's read-only inputs; files are the official test files.
-func stageApply(dir string, t *task.Task, files []string, patch []byte, c *canary.Set, ch *cheat.Cheat) error {
+// StageApply writes the setup phase's read-only inputs; files are the official test files.
+func StageApply(dir string, t *task.Task, files []string, patch []byte, c *canary.Set, ch *cheat.Cheat) error {
 	tp, err := os.ReadFile(t.TestPatchFile())
 	if err != nil {
 		return fmt.Errorf("task %s: %w", t.ID, err)
 	}
 	cfg := applyConfig{Base: t.Repo.BaseCommit, TestRoots: TestRoots(files), Official: files,
-		RunnerConfig: runnerConfig, MaxChanges: maxChanges}
+		RunnerConfig: runnerConfig, MaxChanges: MaxChanges}
 	if c != nil {
 		cfg.Canaries = c.Append
 	}
@@ -92,17 +124,17 @@ func stageApply(dir string, t *task.Task, files []string, patch []byte, c *canar
 	})
 }
 
-// stageTests writes the official tests phase's inputs: the report plugin and the ids to run.
-func stageTests(dir string, ids []string) error {
-	return writeFiles(dir, map[string][]byte{reportPluginName + ".py": reportPlugin,
+// StageTests writes the official tests phase's inputs: the report plugin and the ids to run.
+func StageTests(dir string, ids []string) error {
+	return writeFiles(dir, map[string][]byte{ReportPluginName + ".py": reportPlugin,
 		"ids.txt": []byte(strings.Join(ids, "\n") + "\n")})
 }
 
-// stageProbes writes the probe phases' inputs: the report plugin, the judge library and the
+// StageProbes writes the probe phases' inputs: the report plugin, the judge library and the
 // harness's own pytest configuration.
-func stageProbes(dir string) error {
+func StageProbes(dir string) error {
 	return writeFiles(dir, map[string][]byte{
-		reportPluginName + ".py":    reportPlugin,
+		ReportPluginName + ".py":    reportPlugin,
 		judge.LibraryModule + ".py": judge.Library,
 		judge.CollectModule + ".py": judge.CollectPlugin,
 		"check_probes.py":           judge.CheckScript,

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/infradev/infradev/harness/atomicfile"
 	"github.com/infradev/infradev/harness/envspec"
 	"github.com/infradev/infradev/harness/fault"
 	"github.com/infradev/infradev/harness/image"
@@ -24,6 +25,7 @@ func newEnvCmd(g *globals) *cobra.Command {
 
 func newEnvBuildCmd(g *globals) *cobra.Command {
 	var asJSON, locked, writeLock bool
+	var digestFile string
 	cmd := &cobra.Command{
 		Use:   "build ENV_DIR",
 		Short: "Build an environment (environments/<name>) into the store's OCI layout",
@@ -78,6 +80,11 @@ Exit codes: 0 built; 1 not as locked; 2 bad definition; 3 build failed.`,
 				fmt.Fprintf(log, "warning: the image differs from %s/%s (%s); --locked enforces it, --write-lock updates it\n",
 					env.Dir, image.LockFile, lock.Manifest)
 			}
+			if digestFile != "" {
+				if err := atomicfile.Write(digestFile, []byte(b.Manifest+"\n")); err != nil {
+					return err
+				}
+			}
 			if asJSON {
 				return printJSON(cmd.OutOrStdout(), b)
 			}
@@ -85,6 +92,7 @@ Exit codes: 0 built; 1 not as locked; 2 bad definition; 3 build failed.`,
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the build as JSON (layers, digests, cached or built)")
+	cmd.Flags().StringVar(&digestFile, "digest-file", "", "write the image's manifest digest (sha256:...) to this file")
 	cmd.Flags().BoolVar(&locked, "locked", false, "fail unless every layer and the manifest match env.lock")
 	cmd.Flags().BoolVar(&writeLock, "write-lock", false, "rewrite env.lock from this build")
 	return cmd

@@ -1,5 +1,7 @@
 """infradev_env_image: an environment's OCI image layout, built by `infradev env build --locked`."""
 
+load(":providers.bzl", "InfradevEnvDefinitionInfo", "InfradevImageInfo")
+
 def _env_image_impl(ctx):
     layout = ctx.actions.declare_directory(ctx.label.name + ".oci")
     digest = ctx.actions.declare_file(ctx.label.name + ".digest")
@@ -11,9 +13,7 @@ def _env_image_impl(ctx):
         command = """set -euo pipefail
 store=$(mktemp -d)
 trap 'rm -rf "$store"' EXIT
-"$1" --store "$store/store" --cache "$store/cache" env build --locked --json "$2" > "$store/build.json"
-sed -n 's/^  "manifest": "\\(sha256:[0-9a-f]\\{64\\}\\)",$/\\1/p' "$store/build.json" > "$4"
-test -s "$4" || { echo "no manifest digest in env build output" >&2; exit 1; }
+"$1" --store "$store/store" --cache "$store/cache" env build --locked --digest-file "$4" "$2"
 cp -R "$store/store/oci/." "$3"
 """,
         arguments = [ctx.executable._infradev.path, ctx.file.spec.dirname, layout.path, digest.path],
@@ -26,6 +26,7 @@ cp -R "$store/store/oci/." "$3"
     )
     return [
         DefaultInfo(files = depset([layout, digest]), runfiles = ctx.runfiles(files = [layout, digest])),
+        InfradevImageInfo(layout = layout, digest = digest),
         OutputGroupInfo(layout = depset([layout]), digest = depset([digest])),
     ]
 
@@ -56,6 +57,25 @@ def infradev_env_image(name, spec = "env.yaml", lock = "env.lock", srcs = [], **
         fail("infradev_env_image(%s): spec and lock are given apart; leave them out of srcs" % name)
     _env_image(name = name, spec = spec, lock = lock, srcs = srcs, **kwargs)
 
+def _env_definition_impl(ctx):
+    specs = [f for f in ctx.files.srcs if f.basename == "env.yaml" and f.dirname == ctx.label.package]
+    if len(specs) != 1:
+        fail("%s: the environment's files must hold exactly one env.yaml in %s" % (ctx.label, ctx.label.package))
+    files = depset(ctx.files.srcs, transitive = [d[InfradevEnvDefinitionInfo].files for d in ctx.attr.deps])
+    return [
+        DefaultInfo(files = files),
+        InfradevEnvDefinitionInfo(spec = specs[0], files = files),
+    ]
+
+_env_definition = rule(
+    implementation = _env_definition_impl,
+    doc = "The files that define an environment, with those of the environments it stacks on.",
+    attrs = {
+        "srcs": attr.label_list(doc = "This environment's files: env.yaml, its locks and sources.", allow_files = True),
+        "deps": attr.label_list(doc = "The definitions of the environments it stacks on (`from:`).", providers = [InfradevEnvDefinitionInfo]),
+    },
+)
+
 def infradev_env_definition(name, deps = [], **kwargs):
     """The files that define an environment, with those of the environments it stacks on.
 
@@ -66,8 +86,9 @@ def infradev_env_definition(name, deps = [], **kwargs):
       deps: the definitions of the environments this one stacks on (`from:`).
       **kwargs: common attributes (visibility, tags).
     """
-    native.filegroup(
+    _env_definition(
         name = name,
-        srcs = native.glob(["**"], exclude = ["BUILD.bazel", "**/__pycache__/**"]) + deps,
+        srcs = native.glob(["**"], exclude = ["BUILD.bazel", "**/__pycache__/**"]),
+        deps = deps,
         **kwargs
     )

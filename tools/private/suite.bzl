@@ -28,4 +28,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:7008b9183d9b8a51f6ccd2923d98b882b159876f514acec9c3cf0daf8b3294e3"
+HARNESS_DIGEST = "sha256:1ea5328a63d4a5da2c451deec4eaf6f76fa6d8a4a54ef71f1e598a17cd5d983c"

@@ -1,27 +1,6 @@
 """infradev_task_test: a task as a test target whose action is `infradev run-task`."""
 
-_RUNNER = """#!/usr/bin/env bash
-# Runs one submission on one task: `infradev run-task`, nothing else. Exit 0: resolved.
-# INFRADEV_RESULTS (--test_env) names a results store shared with `infradev eval`.
-set -euo pipefail
-# The task and its probes, exactly their declared files: the runfiles tree also holds this
-# script, which must not count as task input (results are keyed by the inputs' digests).
-stage() {{ # stage DIR DEST FILE...: copy FILEs (relative to DIR), following links
-  local dir=$1 dest=$2
-  shift 2
-  for f in "$@"; do
-    mkdir -p "$dest/$(dirname "$f")"
-    cp -L "$dir/$f" "$dest/$f"
-  done
-}}
-stage "{task}" "$TEST_TMPDIR/task" {task_files}
-stage "{probes}" "$TEST_TMPDIR/probes" {probe_files}
-out="${{TEST_UNDECLARED_OUTPUTS_DIR:-$TEST_TMPDIR}}/run"
-exec "{infradev}" --cache "${{INFRADEV_CACHE:-$TEST_TMPDIR/cache}}" {store} run-task \\
-  --task "$TEST_TMPDIR/task" --probes "$TEST_TMPDIR/probes" {image} \\
-  --patch "{patch}" --out "$out" --model "${{INFRADEV_MODEL:-bazel}}" \\
-  --results "${{INFRADEV_RESULTS:-}}"
-"""
+load(":providers.bzl", "InfradevEnvDefinitionInfo", "InfradevImageInfo")
 
 # An upstream task's image is its framework environment plus its repository at the base
 # commit: run-task builds it (cached layers come from INFRADEV_STORE, the repository from
@@ -53,31 +32,35 @@ def _task_test_impl(ctx):
     probes = [f for f in ctx.files.probes if f.basename == "probes.yaml"]
     if len(probes) != 1:
         fail("%s: probes must hold exactly one probes.yaml, got %d" % (ctx.label, len(probes)))
-    image = ctx.files.environment
+    env = ctx.attr.environment
     if ctx.attr.upstream:
-        specs = [f for f in image if f.basename == "env.yaml"]
-        if not specs:
+        if InfradevEnvDefinitionInfo not in env:
             fail("%s: an upstream task's environment must be an infradev_env_definition" % ctx.label)
-        image_args = _UPSTREAM_IMAGE.format(environments = _dir(specs[0]).rsplit("/", 1)[0])
+        image_args = _UPSTREAM_IMAGE.format(environments = _dir(env[InfradevEnvDefinitionInfo].spec).rsplit("/", 1)[0])
         store_args = _UPSTREAM_STORE.format()
     else:
-        layout = [f for f in image if f.is_directory]
-        digest = [f for f in image if f.basename.endswith(".digest")]
-        if len(layout) != 1 or len(digest) != 1:
+        if InfradevImageInfo not in env:
             fail("%s: environment must be an infradev_env_image" % ctx.label)
-        image_args = '--layout "%s" --image "$(cat "%s")"' % (_runfile(layout[0]), _runfile(digest[0]))
+        img = env[InfradevImageInfo]
+        image_args = '--layout "%s" --image "$(cat "%s")"' % (_runfile(img.layout), _runfile(img.digest))
         store_args = ""
     script = ctx.actions.declare_file(ctx.label.name + ".sh")
-    ctx.actions.write(script, _RUNNER.format(
-        infradev = _runfile(ctx.executable._infradev),
-        task = _dir(spec),
-        task_files = _relative([spec] + ctx.files.srcs, _dir(spec), "task file"),
-        probes = _dir(probes[0]),
-        probe_files = _relative(ctx.files.probes, _dir(probes[0]), "probe file"),
-        image = image_args,
-        store = store_args,
-        patch = _runfile(ctx.file.submission),
-    ), is_executable = True)
+    ctx.actions.expand_template(
+        template = ctx.file._template,
+        output = script,
+        substitutions = {
+            "%INFRADEV%": _runfile(ctx.executable._infradev),
+            "%TASK%": _dir(spec),
+            "%TASK_FILES%": _relative([spec] + ctx.files.srcs, _dir(spec), "task file"),
+            "%PROBES%": _dir(probes[0]),
+            "%PROBE_FILES%": _relative(ctx.files.probes, _dir(probes[0]), "probe file"),
+            "%IMAGE%": image_args,
+            "%STORE%": store_args,
+            "%PATCH%": _runfile(ctx.file.submission),
+        },
+        is_executable = True,
+    )
+    image = ctx.files.environment
     files = [spec, ctx.file.submission, ctx.executable._infradev] + ctx.files.srcs + ctx.files.probes + image
     return [DefaultInfo(executable = script, runfiles = ctx.runfiles(files = files))]
 
@@ -93,6 +76,7 @@ _task_test = rule(
         "upstream": attr.bool(doc = "The task references an upstream change: its image and files are built by run-task from the environment's definition, the store and the mirrors.", default = False),
         "submission": attr.label(doc = "The patch to score (a unified diff; may be empty).", allow_single_file = True, mandatory = True),
         "_infradev": attr.label(doc = "The InfraDev CLI.", default = "@infradev_tool//:infradev", executable = True, cfg = "exec", allow_single_file = True),
+        "_template": attr.label(doc = "The test's script, filled in per task.", default = Label("//tools/private:task_test.sh.tpl"), allow_single_file = True),
     },
 )
 

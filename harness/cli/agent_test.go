@@ -144,6 +144,21 @@ func TestScriptedAgentsGetTheVerdictsTheyWereBuiltFor(t *testing.T) {
 		}
 	}
 
+	// The same command again resumes: every attempt and every grade is found finished.
+	nothingRecord := filepath.Join(out, "scripted", "agent", "nothing@instruction@1", few[0], "agent.json")
+	before, err := os.ReadFile(nothingRecord)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append(storeFlags(t), "agent", "run", "--agent", runs[2].dir, "--run-id", "scripted", "--out", out, "--results", "",
+		"--tasks-root", filepath.Join(root, "tasks"), "--probes", filepath.Join(root, "probes"),
+		"--environments", filepath.Join(root, "environments"), "--tasks", few[0])
+	code, _, stderr := infradev(t, args...)
+	after, _ := os.ReadFile(nothingRecord)
+	if code != 0 || !strings.Contains(stderr, "(resumed)") || strings.Contains(stderr, "(ran)") || string(before) != string(after) {
+		t.Errorf("rerun: exit %d, record changed %v, stderr:\n%s\nwant every attempt and grade resumed", code, string(before) != string(after), stderr)
+	}
+
 	runDir := filepath.Join(out, "scripted")
 	stored, err := report.LoadRun(runDir)
 	if err != nil {

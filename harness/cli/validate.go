@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,15 +14,10 @@ import (
 
 	"github.com/infradev/infradev/harness/fault"
 	"github.com/infradev/infradev/harness/image"
-	"github.com/infradev/infradev/harness/mirror"
 	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/runner"
-	"github.com/infradev/infradev/harness/samples"
-	"github.com/infradev/infradev/harness/specfile"
-	"github.com/infradev/infradev/harness/suite"
 	"github.com/infradev/infradev/harness/task"
-	"github.com/infradev/infradev/harness/upstream"
 	"github.com/infradev/infradev/harness/validate"
 )
 
@@ -74,82 +68,13 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 			if len(dirs) == 0 {
 				return fault.Inputf("no tasks to validate")
 			}
-			type item struct {
-				t *task.Task
-				p *probe.Set
-				s *samples.Set
-				// digests of the task and its probes as validation found them: a record
-				// vouches for these, and is refused if they change while it runs.
-				taskDigest, probesDigest string
-			}
-			var items []item
-			var errs specfile.Errors
-			var offline []string // upstream tasks without a mirror or stored derivation
 			mirrors, err := g.mirrorMap()
 			if err != nil {
 				return err
 			}
-			collect := func(err error) {
-				if se, ok := err.(specfile.Errors); ok {
-					errs = append(errs, se...)
-				} else if err != nil {
-					errs = append(errs, specfile.FieldError{Msg: err.Error()})
-				}
-			}
-			for _, d := range dirs {
-				t, err := task.Load(d)
-				if err != nil {
-					collect(err)
-					continue
-				}
-				p, err := probe.Load(task.ProbesDir(o.probes, d), t.ID)
-				if err != nil {
-					collect(err)
-					continue
-				}
-				// An upstream task: its derived files (store, else mirror), and nothing of the
-				// upstream repository checked in.
-				gitDir := ""
-				if t.Upstream() {
-					err := upstream.Attach(cmd.Context(), g.store, t, mirrors)
-					switch {
-					case errors.Is(err, mirror.ErrNotFound):
-						offline = append(offline, t.ID)
-					case err != nil:
-						return err
-					}
-					gitDir, _ = mirrors.Resolve(t.Repo.URL, t.Repo.BaseCommit)
-					problems, err := upstream.Provenance(cmd.Context(), []string{t.Dir, p.Dir}, gitDir)
-					if err != nil {
-						return err
-					}
-					for _, pr := range problems {
-						errs = append(errs, specfile.FieldError{Msg: pr})
-					}
-				}
-				if err := suite.CheckInstruction(t, p); err != nil {
-					errs = append(errs, specfile.FieldError{File: t.File(t.Instruction), Msg: err.Error()})
-					continue
-				}
-				ss, err := samples.Load(p.Dir, t.ID, p)
-				if err != nil {
-					collect(err)
-					continue
-				}
-				if un := ss.Uncovered(p); len(un) > 0 {
-					errs = append(errs, specfile.FieldError{File: filepath.Join(p.Dir, samples.File),
-						Msg: fmt.Sprintf("no sample is built to fail probe(s) %s: add a wrong patch each of them catches", strings.Join(un, ", "))})
-					continue
-				}
-				it := item{t: t, p: p, s: ss}
-				if o.record {
-					if it.taskDigest, it.probesDigest, err = validate.Digests(t, p.Dir); err != nil {
-						return err
-					}
-				}
-				items = append(items, it)
-			}
-			if err := errs.Err(); err != nil {
+			items, offline, err := validate.Specs(cmd.Context(), dirs, validate.SpecOptions{
+				ProbesRoot: o.probes, Store: g.store, Mirrors: mirrors, Digests: o.record})
+			if err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%d task(s): specs valid\n", len(items))
@@ -177,15 +102,15 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 			}
 			images, envImages := map[string]string{}, map[string]string{}
 			for _, it := range items {
-				img, err := prep.Task(cmd.Context(), it.t)
+				img, err := prep.Task(cmd.Context(), it.Task)
 				if err != nil {
 					return err
 				}
-				images[it.t.ID] = img
+				images[it.Task.ID] = img
 				// The environment image this validation runs on, as the store names it after the
 				// build: a record is written only when env.lock pins that same image.
-				if envImages[it.t.Environment] == "" {
-					if envImages[it.t.Environment], err = image.Resolve(g.imageStore().Layout(), it.t.Environment); err != nil {
+				if envImages[it.Task.Environment] == "" {
+					if envImages[it.Task.Environment], err = image.Resolve(g.imageStore().Layout(), it.Task.Environment); err != nil {
 						return err
 					}
 				}
@@ -202,11 +127,11 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 			var wg sync.WaitGroup
 			for i, it := range items {
 				wg.Add(1)
-				go func(i int, it item) {
+				go func(i int, it validate.Item) {
 					defer wg.Done()
 					sem <- struct{}{}
 					defer func() { <-sem }()
-					reports[i], errsOut[i] = validateOne(cmd, g, rn, it.t, it.p, it.s, layout, images[it.t.ID], o.runs, o.out, !o.noTamper, o.updateBaseline)
+					reports[i], errsOut[i] = validateOne(cmd, g, rn, it, layout, images[it.Task.ID], o.runs, o.out, !o.noTamper, o.updateBaseline)
 				}(i, it)
 			}
 			wg.Wait()
@@ -216,7 +141,7 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 			var recordErrs []error
 			for i, rep := range reports {
 				if errsOut[i] != nil {
-					return fault.Infraf("%s: %v", items[i].t.ID, errsOut[i])
+					return fault.Infraf("%s: %v", items[i].Task.ID, errsOut[i])
 				}
 				if rep.BaselineNote != "" {
 					fmt.Fprintf(cmd.ErrOrStderr(), "%s: %s\n", rep.Task, rep.BaselineNote)
@@ -238,7 +163,7 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0fs\t%s\n", rep.Task, goldCol, orDash(rep.Empty), samplesCol, tamper, rep.WallSeconds, check)
 				if o.record && rep.OK() {
-					if err := writeRecord(g, items[i].t, items[i].p.Dir, o.envs, envImages[items[i].t.Environment], items[i].taskDigest, items[i].probesDigest, rep); err != nil {
+					if err := writeRecord(g, items[i], o.envs, envImages[items[i].Task.Environment], rep); err != nil {
 						recordErrs, failed = append(recordErrs, err), true
 					}
 				}
@@ -268,24 +193,9 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 	return cmd
 }
 
-// writeRecord writes a passing task's validation record: the digests of what was validated,
-// the environment's locked manifest, the harness and the hardware. It refuses when env.lock does
-// not pin the environment image the validation ran on (an unlocked edit, or a lock rewritten
-// while it ran): the record would vouch for an image nobody validated.
-func writeRecord(g *globals, t *task.Task, probesDir, envs, ranOn, taskDigest, probesDigest string, rep *validate.Report) error {
-	envDir := filepath.Join(envs, t.Environment)
-	lock, err := image.ReadLock(envDir)
-	if err != nil {
-		return err
-	}
-	if lock == nil || lock.Manifest != ranOn {
-		pinned := "nothing"
-		if lock != nil {
-			pinned = lock.Manifest
-		}
-		return fmt.Errorf("%s: no validation record for %s: %s pins %s but the validation ran on %s (write the lock, then validate again)",
-			t.ID, probesDir, filepath.Join(envDir, image.LockFile), pinned, ranOn)
-	}
+// writeRecord writes a passing task's validation record (validate.RecordPinned) with this
+// harness's key and hardware class.
+func writeRecord(g *globals, it validate.Item, envs, ranOn string, rep *validate.Report) error {
 	hardware := "cpu"
 	if m := g.machine(); m != nil && len(m.Devices) > 0 {
 		hardware = "gpu:" + m.Devices[0].Name
@@ -294,16 +204,13 @@ func writeRecord(g *globals, t *task.Task, probesDir, envs, ranOn, taskDigest, p
 	if err != nil {
 		return err
 	}
-	rec, err := validate.NewRecord(rep, t, probesDir, taskDigest, probesDigest, lock.Manifest, key, hardware, time.Now())
-	if err != nil {
-		return err
-	}
-	return validate.WriteRecord(probesDir, rec)
+	return validate.RecordPinned(it, filepath.Join(envs, it.Task.Environment), ranOn, key, hardware, rep, time.Now())
 }
 
 // validateOne validates one task with its gold patch (read from the task).
-func validateOne(cmd *cobra.Command, g *globals, rn validate.Runner, t *task.Task, p *probe.Set, ss *samples.Set, layout, img string,
+func validateOne(cmd *cobra.Command, g *globals, rn validate.Runner, it validate.Item, layout, img string,
 	runs int, out string, tamper, updateBaseline bool) (*validate.Report, error) {
+	t, p, ss := it.Task, it.Probes, it.Samples
 	gold, err := os.ReadFile(t.GoldFile())
 	if err != nil {
 		return nil, err
@@ -315,45 +222,13 @@ func validateOne(cmd *cobra.Command, g *globals, rn validate.Runner, t *task.Tas
 	return validate.Task(cmd.Context(), rn, runner.Inputs{Task: t, Probes: p, Layout: layout, Image: img}, ss, gold,
 		validate.Options{Runs: runs, Out: out, Tamper: tamper, OnGold: onGold,
 			Baseline: func(golds []*result.Result) (string, *probe.Set, error) {
-				note, err := baseline(t, p, golds, img, updateBaseline)
+				note, err := validate.Baseline(t, p, golds, img, Version, updateBaseline)
 				if err != nil {
 					return "", nil, err
 				}
 				ps, err := probe.Load(p.Dir, t.ID)
 				return note, ps, err
 			}})
-}
-
-// baseline writes the budgeted probes' gold figures (the largest over the runs) to the probes'
-// baseline.json when there is none or when asked to, and says what it did.
-func baseline(t *task.Task, ps *probe.Set, golds []*result.Result, image string, update bool) (string, error) {
-	if ps.Baseline != nil && !update {
-		return "baseline.json kept (--update-baseline rewrites it)", nil
-	}
-	b := &probe.Baseline{Task: t.ID, Environment: image, Harness: Version, Runs: len(golds), Probes: map[string]probe.Figures{}}
-	for _, g := range golds {
-		p := g.Phase("probes")
-		if p == nil {
-			continue
-		}
-		for _, o := range p.Tests {
-			f := b.Probes[o.Probe]
-			f.PeakMemoryBytes = max(f.PeakMemoryBytes, o.PeakMemoryBytes)
-			f.WallSeconds = max(f.WallSeconds, o.WallSeconds)
-			f.CPUSeconds = max(f.CPUSeconds, o.CPUSeconds)
-			if o.PeakMemoryBytes > 0 {
-				b.Probes[o.Probe] = f
-			}
-		}
-	}
-	if err := probe.WriteBaseline(ps.Dir, b); err != nil {
-		return "", err
-	}
-	var parts []string
-	for id, f := range b.Probes {
-		parts = append(parts, fmt.Sprintf("%s peak %.1fMiB wall %.2fs cpu %.2fs", id, float64(f.PeakMemoryBytes)/(1<<20), f.WallSeconds, f.CPUSeconds))
-	}
-	return "baseline.json written: " + strings.Join(parts, "; "), nil
 }
 
 func orDash(s string) string {

@@ -28,4 +28,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:1ea5328a63d4a5da2c451deec4eaf6f76fa6d8a4a54ef71f1e598a17cd5d983c"
+HARNESS_DIGEST = "sha256:28cb6d1405d027299c5752e3c7674cc57f4ffe67a79561244003db0dd7507a14"

@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -32,6 +33,9 @@ func newEvalCmd(g *globals) *cobra.Command {
 		match, label, prompt string
 		jobs, gpus           int
 		asJSON               bool
+		executor             string
+		partition, account   string
+		slurmOpts            []string
 		cpus                 float64
 		memory               string
 	}
@@ -56,12 +60,29 @@ Exit codes: 0 the evaluation completed (whatever the verdicts); 2 bad usage or i
 				return err
 			}
 			capacity := schedule.Capacity{CPUs: o.cpus, MemoryBytes: totalMemory()}
+			switch o.executor {
+			case "local":
+			case "slurm":
+				if r, err = g.slurmAttempter(r, o.partition, o.account, o.slurmOpts, cmd.ErrOrStderr()); err != nil {
+					return err
+				}
+				// The cluster's scheduler packs the jobs: every attempt is submitted (at most
+				// --jobs at once), and Slurm's gres decides GPUs.
+				capacity = schedule.Capacity{CPUs: math.MaxInt32, MemoryBytes: math.MaxInt64}
+				for i := 0; i < 1024; i++ {
+					capacity.GPUs = append(capacity.GPUs, i)
+				}
+				o.gpus = -2
+			default:
+				return fault.Inputf("--executor: want local or slurm, got %q", o.executor)
+			}
 			if o.memory != "" {
 				if capacity.MemoryBytes, err = parseSize(o.memory); err != nil {
 					return fault.Inputf("--memory: %v", err)
 				}
 			}
 			switch {
+			case o.gpus == -2: // the cluster's
 			case o.gpus >= 0: // a simulated count, for planning and tests
 				for i := 0; i < o.gpus; i++ {
 					capacity.GPUs = append(capacity.GPUs, i)
@@ -138,6 +159,10 @@ Exit codes: 0 the evaluation completed (whatever the verdicts); 2 bad usage or i
 	f.StringVar(&o.match, "match", "", "evaluate only tasks whose directory matches this glob (e.g. 'tasks/demo/minitron-*')")
 	f.StringVar(&o.label, "label", "", "evaluate only tasks carrying this label")
 	f.StringVar(&o.prompt, "prompt-variant", "instruction", "the prompt the predictions were made from (instruction or pr_description), for the report")
+	f.StringVar(&o.executor, "executor", "local", "where attempts run: local (this machine's sandbox) or slurm (a job per attempt on the cluster's scheduler, sharing --store and --out)")
+	f.StringVar(&o.partition, "partition", "", "slurm: the partition jobs go to")
+	f.StringVar(&o.account, "account", "", "slurm: the account jobs are charged to")
+	f.StringArrayVar(&o.slurmOpts, "slurm-opt", nil, "slurm: one more sbatch option, as given (repeatable)")
 	f.BoolVar(&o.asJSON, "json", false, "print the summary (report.json) as JSON instead of the tables")
 	f.IntVar(&o.jobs, "jobs", 0, "run at most this many attempts at once (0: as capacity allows)")
 	f.Float64Var(&o.cpus, "cpus", float64(runtime.NumCPU()), "CPUs to pack attempts onto")

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 
@@ -26,6 +27,7 @@ import (
 	"github.com/infradev/infradev/harness/runner"
 	"github.com/infradev/infradev/harness/samples"
 	"github.com/infradev/infradev/harness/sandbox"
+	"github.com/infradev/infradev/harness/slurm"
 	"github.com/infradev/infradev/harness/specfile"
 	"github.com/infradev/infradev/harness/task"
 	"github.com/infradev/infradev/harness/unpack"
@@ -279,4 +281,32 @@ func (g *globals) machine() *gpu.Machine {
 		}
 	}
 	return g.gpus
+}
+
+// slurmAttempter runs attempts as Slurm jobs of this same binary, against this store, with
+// the local runner's keys; one retry of jobs Slurm failed (a node lost, preemption).
+func (g *globals) slurmAttempter(local runner.Attempter, partition, account string, opts []string, log io.Writer) (runner.Attempter, error) {
+	exe := os.Getenv("INFRADEV_BINARY")
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return nil, fault.Infraf("the binary jobs run: %v", err)
+		}
+	}
+	store, err := filepath.Abs(g.store)
+	if err != nil {
+		return nil, err
+	}
+	cache, err := filepath.Abs(g.cache)
+	if err != nil {
+		return nil, err
+	}
+	for _, bin := range []string{"sbatch", "scontrol", "scancel"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			return nil, fault.Inputf("--executor slurm: %s is not on PATH", bin)
+		}
+	}
+	return runner.Retry{Attempter: slurm.Attempter{Keys: local, Binary: exe, Store: store, Cache: cache,
+		Partition: partition, Account: account, Options: opts,
+		Progress: func(job, state string) { fmt.Fprintf(log, "slurm job %s: %s\n", job, state) }}}, nil
 }

@@ -28,4 +28,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:28cb6d1405d027299c5752e3c7674cc57f4ffe67a79561244003db0dd7507a14"
+HARNESS_DIGEST = "sha256:ff1b7f6e87a86ea5a2518f6388b1171aa9d3caba7b723fdb8af6b3cbeb36b22e"

@@ -32,12 +32,13 @@ var layers = [][]string{
 	{"image", "upstream", "attempt", "pytestproto", "report", "samples", "suite", "bazelgen"},
 	// Grading a phase's raw output.
 	{"grade"},
-	// Preparing tasks' images; running one attempt; the results store around attempts.
-	{"prepare", "runner", "resultstore"},
+	// Preparing tasks' images; running one attempt (here, or as a Slurm job); the results store
+	// around attempts.
+	{"prepare", "runner", "slurm", "resultstore"},
 	// What drives attempts: validation, imports, the failure analysis.
 	{"validate", "importer", "analyze", "internal/testenv"},
-	// Evaluations, the catalogue, the skill.
-	{"eval", "catalogue", "skill"},
+	// Evaluations, the catalogue, the skill; a test cluster.
+	{"eval", "catalogue", "skill", "internal/slurmtest"},
 	// Agents run over evaluations.
 	{"agent"},
 	// The command line, then its main.

@@ -21,12 +21,12 @@ import (
 	"github.com/infradev/infradev/harness/samples"
 )
 
-func repoRoot(t *testing.T) string { return testenv.RepoRoot(t) }
+func repoRoot(t testing.TB) string { return testenv.RepoRoot(t) }
 
-func requireSandbox(t *testing.T) { testenv.RequireSandbox(t) }
+func requireSandbox(t testing.TB) { testenv.RequireSandbox(t) }
 
 // storeFlags point the CLI at the store and cache the end-to-end tests share.
-func storeFlags(t *testing.T) []string {
+func storeFlags(t testing.TB) []string {
 	return []string{"--store", testenv.Store(t), "--cache", testenv.Cache(t)}
 }
 

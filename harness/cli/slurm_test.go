@@ -150,7 +150,7 @@ func TestSlurmNodeFailureIsRetried(t *testing.T) {
 }
 
 // slurmBinary builds the infradev binary jobs run (a test binary is not one).
-func slurmBinary(t *testing.T, root string) string {
+func slurmBinary(t testing.TB, root string) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "infradev")
 	build := exec.Command("go", "build", "-o", bin, "./harness/cmd/infradev")
@@ -159,4 +159,49 @@ func slurmBinary(t *testing.T, root string) string {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	return bin
+}
+
+// BenchmarkExecutors evaluates the demo predictions with the local executor and with
+// --executor slurm on a loopback cluster, side by side in one run, and reports each one's wall
+// time per distinct attempt and their ratio (no results store: every attempt runs):
+//
+//	go test ./harness/cli -run '^$' -bench Executors -benchtime 1x
+func BenchmarkExecutors(b *testing.B) {
+	requireSandbox(b)
+	c := slurmtest.Start(b)
+	for _, kv := range c.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		b.Setenv(k, v)
+	}
+	root := repoRoot(b)
+	bin := slurmBinary(b, root)
+	dir := filepath.Join(root, "tasks", "demo", "predictions")
+	for i := 0; i < b.N; i++ {
+		per := map[string]float64{}
+		for _, executor := range []string{"local", "slurm"} {
+			out := b.TempDir()
+			cmd := exec.Command(bin, append(storeFlags(b), "eval", "--run-id", executor, "--out", out, "--results", "",
+				"--executor", executor, "--tasks", filepath.Join(root, "tasks"), "--probes", filepath.Join(root, "probes"),
+				"--environments", filepath.Join(root, "environments"),
+				"--predictions", filepath.Join(dir, "model-a.jsonl"), "--predictions", filepath.Join(dir, "model-b.jsonl"),
+				"--predictions", filepath.Join(dir, "model-c.jsonl"))...)
+			cmd.Env = append(os.Environ(), "INFRADEV_BINARY="+bin)
+			start := time.Now()
+			if o, err := cmd.CombinedOutput(); err != nil {
+				b.Fatalf("eval --executor %s: %v\n%s", executor, err, o)
+			}
+			stored, err := report.LoadRun(filepath.Join(out, executor))
+			if err != nil {
+				b.Fatal(err)
+			}
+			distinct := map[string]bool{}
+			for _, st := range stored {
+				distinct[st.Result.Inputs.Patch+st.Result.InstanceID] = true
+			}
+			per[executor] = time.Since(start).Seconds() / float64(len(distinct))
+		}
+		b.ReportMetric(per["local"], "local-s/attempt")
+		b.ReportMetric(per["slurm"], "slurm-s/attempt")
+		b.ReportMetric(per["slurm"]/per["local"], "slurm/local")
+	}
 }

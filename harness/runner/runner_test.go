@@ -34,7 +34,8 @@ import (
 func adversarialTask(t *testing.T) (*task.Task, *probe.Set) {
 	tk, ps := testenv.Task(t, "demo", "minitron-0001")
 	c := *tk
-	c.Timeouts.ApplyD, c.Timeouts.TestsD, c.Timeouts.ProbesD = 30*time.Second, 10*time.Second, 10*time.Second
+	// The probes get room to spare on a loaded machine: no case here is meant to time out in them.
+	c.Timeouts.ApplyD, c.Timeouts.TestsD, c.Timeouts.ProbesD = 30*time.Second, 10*time.Second, 30*time.Second
 	c.Resources.MemoryBytes, c.Resources.DiskBytes, c.Resources.Pids = 512<<20, 1<<30, 128
 	return &c, ps
 }

@@ -137,7 +137,7 @@ func (r *Runner) Run(ctx context.Context, a Attempt) (*Record, error) {
 		return fail(err)
 	}
 	if a.Variant == InstructionSkill {
-		if err := copyDir(a.Skill, filepath.Join(promptDir, "skill")); err != nil {
+		if err := os.CopyFS(filepath.Join(promptDir, "skill"), os.DirFS(a.Skill)); err != nil {
 			return fail(fmt.Errorf("the skill %s: %w", a.Skill, err))
 		}
 	}
@@ -268,22 +268,4 @@ func (r *Runner) prompt(a Attempt) (string, error) {
 		p += fmt.Sprintf("\n---\nA skill for this kind of change follows (also at %s/skill/SKILL.md).\n\n%s", PromptDir, skill)
 	}
 	return p, nil
-}
-
-// copyDir copies a folder of regular files (a skill).
-func copyDir(src, dst string) error {
-	return filepath.WalkDir(src, func(p string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(src, p)
-		target := filepath.Join(dst, rel)
-		switch {
-		case d.IsDir():
-			return os.MkdirAll(target, 0o755)
-		case !d.Type().IsRegular():
-			return fmt.Errorf("%s: not a regular file", p)
-		}
-		return atomicfile.Copy(p, target)
-	})
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/infradev/infradev/harness/agent"
 	"github.com/infradev/infradev/harness/eval"
 	"github.com/infradev/infradev/harness/fault"
-	"github.com/infradev/infradev/harness/report"
 	"github.com/infradev/infradev/harness/resultstore"
 	"github.com/infradev/infradev/harness/sandbox"
 	"github.com/infradev/infradev/harness/schedule"
@@ -107,22 +106,7 @@ Exit codes: 0 every attempt ran and was graded (whatever the verdicts); 2 bad us
 				},
 			})
 			progress.finish()
-			if err != nil {
-				if cmd.Context().Err() != nil {
-					return fault.Wrap(fault.Interrupted, err)
-				}
-				return err
-			}
-			runDir := filepath.Join(o.out, o.runID)
-			stored, err := report.LoadRun(runDir)
-			if err != nil {
-				return err
-			}
-			s, err := report.WriteRun(runDir, o.runID, stored)
-			if err != nil {
-				return err
-			}
-			if err := printSummary(cmd.OutOrStdout(), s, o.asJSON, filepath.Join(runDir, "report.json")); err != nil {
+			if err := finishRun(cmd, err, o.out, o.runID, 0, o.asJSON); err != nil {
 				return err
 			}
 			if err := infraFaults(outcomes.Results); err != nil {

@@ -124,25 +124,7 @@ Exit codes: 0 the evaluation completed (whatever the verdicts); 2 bad usage or i
 				Progress:      progress.event,
 			})
 			progress.finish()
-			if err != nil {
-				if cmd.Context().Err() != nil {
-					return fault.Wrap(fault.Interrupted, err)
-				}
-				return err
-			}
-			runDir := filepath.Join(o.out, o.runID)
-			stored, err := report.LoadRun(runDir)
-			if err != nil {
-				return err
-			}
-			if len(stored) < len(results) {
-				return fault.Infraf("%s holds %d results, want at least %d", runDir, len(stored), len(results))
-			}
-			s, err := report.WriteRun(runDir, o.runID, stored)
-			if err != nil {
-				return err
-			}
-			if err := printSummary(cmd.OutOrStdout(), s, o.asJSON, filepath.Join(runDir, "report.json")); err != nil {
+			if err := finishRun(cmd, err, o.out, o.runID, len(results), o.asJSON); err != nil {
 				return err
 			}
 			return infraFaults(results)
@@ -258,4 +240,28 @@ func infraFaults(results []*result.Result) error {
 		return nil
 	}
 	return fault.Infraf("%d attempt(s) ended in an infrastructure fault (first: %s %s: %s); the same command runs them again", n, first.Model, first.InstanceID, first.Reason)
+}
+
+// finishRun ends an evaluation's command: the run's error (an interrupt is its own class), then
+// every report written from the stored results (at least want of them) and the summary printed.
+func finishRun(cmd *cobra.Command, runErr error, out, runID string, want int, asJSON bool) error {
+	if runErr != nil {
+		if cmd.Context().Err() != nil {
+			return fault.Wrap(fault.Interrupted, runErr)
+		}
+		return runErr
+	}
+	runDir := filepath.Join(out, runID)
+	stored, err := report.LoadRun(runDir)
+	if err != nil {
+		return err
+	}
+	if len(stored) < want {
+		return fault.Infraf("%s holds %d results, want at least %d", runDir, len(stored), want)
+	}
+	s, err := report.WriteRun(runDir, runID, stored)
+	if err != nil {
+		return err
+	}
+	return printSummary(cmd.OutOrStdout(), s, asJSON, filepath.Join(runDir, "report.json"))
 }

@@ -21,12 +21,7 @@ import (
 // result from the run folder, submitting nothing.
 func TestEvalOnSlurm(t *testing.T) {
 	requireSandbox(t)
-	c := slurmtest.Start(t)
-	for _, kv := range c.Env {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v)
-	}
-	demoImage(t)
+	c := cluster(t)
 	root := repoRoot(t)
 	out := t.TempDir()
 	// The jobs run a real infradev binary (a test binary is not one), and so does the
@@ -101,12 +96,7 @@ func TestEvalOnSlurm(t *testing.T) {
 // never as the submission's failure.
 func TestSlurmNodeFailureIsRetried(t *testing.T) {
 	requireSandbox(t)
-	c := slurmtest.Start(t)
-	for _, kv := range c.Env {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v)
-	}
-	demoImage(t)
+	c := cluster(t)
 	root := repoRoot(t)
 	out := t.TempDir()
 	gold, err := os.ReadFile(filepath.Join(root, "tasks", "demo", "minitron-0001", "gold.patch"))
@@ -204,4 +194,62 @@ func BenchmarkExecutors(b *testing.B) {
 		b.ReportMetric(per["slurm"], "slurm-s/attempt")
 		b.ReportMetric(per["slurm"]/per["local"], "slurm/local")
 	}
+}
+
+// TestInterruptCancelsSlurmJobs interrupts an evaluation whose attempt runs as a Slurm job:
+// the job is cancelled (scancel), nothing is left in the queue, and eval exits 130.
+func TestInterruptCancelsSlurmJobs(t *testing.T) {
+	requireSandbox(t)
+	c := cluster(t)
+	root := repoRoot(t)
+	bin := slurmBinary(t, root)
+	out := t.TempDir()
+	preds := predictionsFile(t, out, map[string]string{"instance_id": "minitron-0001", "model_name_or_path": "m", "model_patch": ""})
+	cmd := exec.Command(bin, append(evalArgs(t, preds, out, "interrupted"), "--executor", "slurm")...)
+	cmd.Env = append(os.Environ(), "INFRADEV_BINARY="+bin)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	job := ""
+	for i := 0; i < 600 && job == ""; i++ {
+		o, _ := c.Output("squeue", "-h", "-o", "%i")
+		job = strings.TrimSpace(o)
+		time.Sleep(100 * time.Millisecond)
+	}
+	if job == "" {
+		cmd.Process.Kill()
+		t.Fatalf("no job was submitted:\n%s", stderr.String())
+	}
+	cmd.Process.Signal(os.Interrupt)
+	err := cmd.Wait()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 130 {
+		t.Errorf("eval after an interrupt: %v, want exit 130\n%s", err, stderr.String())
+	}
+	for i := 0; i < 50; i++ {
+		if o, _ := c.Output("squeue", "-h", "-o", "%i"); strings.TrimSpace(o) == "" {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if o, _ := c.Output("squeue", "-h", "-o", "%i %T"); strings.TrimSpace(o) != "" {
+		t.Errorf("jobs left in the queue after the interrupt: %s", o)
+	}
+	if o, _ := c.Output("scontrol", "show", "job", "-o", job); !strings.Contains(o, "JobState=CANCELLED") {
+		t.Errorf("job %s after the interrupt: %s, want CANCELLED", job, o)
+	}
+}
+
+// cluster starts a loopback Slurm cluster for a test, points the Slurm commands at it and builds
+// the demo image the attempts run on.
+func cluster(t *testing.T) *slurmtest.Cluster {
+	t.Helper()
+	c := slurmtest.Start(t)
+	for _, kv := range c.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	demoImage(t)
+	return c
 }

@@ -28,4 +28,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:ff1b7f6e87a86ea5a2518f6388b1171aa9d3caba7b723fdb8af6b3cbeb36b22e"
+HARNESS_DIGEST = "sha256:22fe9d8c9461ebb5391db5ce4ede642bac99b2ad5b319c3d22c325c78154b81a"

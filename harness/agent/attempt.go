@@ -125,25 +125,12 @@ func (r *Runner) Run(ctx context.Context, a Attempt) (*Record, error) {
 		return fail(err)
 	}
 	rec.Image = manifest
-	prompt, err := r.prompt(a)
+	promptDir := filepath.Join(a.Out, "prompt")
+	prompt, pd, err := r.writePrompt(a, promptDir)
 	if err != nil {
 		return fail(err)
 	}
-	promptDir := filepath.Join(a.Out, "prompt")
-	if err := os.MkdirAll(promptDir, 0o755); err != nil {
-		return fail(err)
-	}
-	if err := os.WriteFile(filepath.Join(promptDir, "prompt.md"), []byte(prompt), 0o644); err != nil {
-		return fail(err)
-	}
-	if a.Variant == InstructionSkill {
-		if err := os.CopyFS(filepath.Join(promptDir, "skill"), os.DirFS(a.Skill)); err != nil {
-			return fail(fmt.Errorf("the skill %s: %w", a.Skill, err))
-		}
-	}
-	if rec.PromptDigest, err = digest.Files(promptDir, nil); err != nil {
-		return fail(err)
-	}
+	rec.PromptDigest = pd
 	t := a.Task
 	ws, err := OpenWorkspace(r.Sandbox, r.Scratch, WorkspaceSpec{
 		Lowers: lowers, Env: cfg, Repo: t.Repo.Path, Base: t.Repo.BaseCommit, PromptDir: promptDir,
@@ -233,6 +220,46 @@ func (r *Runner) layers(ctx context.Context, a Attempt) ([]string, []string, str
 		manifest += "+" + b.Manifest
 	}
 	return lowers, cfg.Config.Env, manifest, nil
+}
+
+// writePrompt writes the attempt's prompt folder (prompt.md, and skill/ for the
+// instruction+skill variant) and returns the prompt's text and the folder's digest.
+func (r *Runner) writePrompt(a Attempt, dir string) (string, string, error) {
+	prompt, err := r.prompt(a)
+	if err != nil {
+		return "", "", err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "prompt.md"), []byte(prompt), 0o644); err != nil {
+		return "", "", err
+	}
+	if a.Variant == InstructionSkill {
+		if err := os.CopyFS(filepath.Join(dir, "skill"), os.DirFS(a.Skill)); err != nil {
+			return "", "", fmt.Errorf("the skill %s: %w", a.Skill, err)
+		}
+	}
+	d, err := digest.Files(dir, nil)
+	return prompt, d, err
+}
+
+// PromptDigest is the digest of the prompt an attempt would be given now: a finished attempt
+// made from another prompt (an edited instruction, a newer skill) is not this attempt.
+func (r *Runner) PromptDigest(ctx context.Context, a Attempt) (string, error) {
+	if a.Task.Upstream() {
+		// The PR description of an upstream task is derived from its commits.
+		if _, err := r.Prep.Task(ctx, a.Task); err != nil {
+			return "", err
+		}
+	}
+	tmp, err := os.MkdirTemp("", "infradev-prompt-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	_, d, err := r.writePrompt(a, filepath.Join(tmp, "prompt"))
+	return d, err
 }
 
 // Preamble opens every prompt: where the work is and how it is collected. It is the same for

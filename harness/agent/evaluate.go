@@ -100,9 +100,11 @@ func Evaluate(ctx context.Context, e Evaluation) (*Outcomes, error) {
 			for i := range work {
 				j := jobs[i]
 				if rec := Finished(j.a.Out); rec != nil && rec.AgentDigest == e.Spec.Digest {
-					recs[i] = rec
-					report(rec, "resumed")
-					continue
+					if pd, err := e.Runner.PromptDigest(ctx, j.a); err == nil && pd == rec.PromptDigest {
+						recs[i] = rec
+						report(rec, "resumed")
+						continue
+					}
 				}
 				rec, err := e.Runner.Run(ctx, j.a)
 				if rec == nil && err != nil {

@@ -140,14 +140,29 @@ func TestBuiltinAgentCompletesADemoTask(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(skill, "SKILL.md"), []byte("---\nname: never-stops\ndescription: x\n---\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range []struct{ name, variant string }{{"builtin", "instruction"}, {"never-stops", "instruction+skill"}} {
-		args := append(storeFlags(t), "agent", "run", "--agent", filepath.Join(agents, a.name), "--run-id", "chat",
-			"--out", out, "--results", "", "--tasks", "minitron-0001", "--prompt-variant", a.variant, "--skill", skill,
+	agentRun := func(name, variant string) string {
+		args := append(storeFlags(t), "agent", "run", "--agent", filepath.Join(agents, name), "--run-id", "chat",
+			"--out", out, "--results", "", "--tasks", "minitron-0001", "--prompt-variant", variant, "--skill", skill,
 			"--tasks-root", filepath.Join(root, "tasks"), "--probes", filepath.Join(root, "probes"),
 			"--environments", filepath.Join(root, "environments"))
-		if code, stdout, stderr := infradev(t, args...); code != 0 {
-			t.Fatalf("agent run %s: exit %d\n%s\n%s", a.name, code, stdout, stderr)
+		code, stdout, stderr := infradev(t, args...)
+		if code != 0 {
+			t.Fatalf("agent run %s: exit %d\n%s\n%s", name, code, stdout, stderr)
 		}
+		return stderr
+	}
+	agentRun("builtin", "instruction")
+	agentRun("never-stops", "instruction+skill")
+	// The same skill again: the attempt is finished. Another skill: it is another prompt, so the
+	// attempt runs again.
+	if stderr := agentRun("never-stops", "instruction+skill"); !strings.Contains(stderr, "(resumed)") {
+		t.Errorf("rerun with the same skill: want the attempt resumed\n%s", stderr)
+	}
+	if err := os.WriteFile(filepath.Join(skill, "SKILL.md"), []byte("---\nname: never-stops\ndescription: y\n---\nmore\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if stderr := agentRun("never-stops", "instruction+skill"); !strings.Contains(stderr, "(ran)") {
+		t.Errorf("rerun with another skill: want the attempt run again\n%s", stderr)
 	}
 	runDir := filepath.Join(out, "chat")
 	stored, err := report.LoadRun(runDir)

@@ -28,4 +28,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:22fe9d8c9461ebb5391db5ce4ede642bac99b2ad5b319c3d22c325c78154b81a"
+HARNESS_DIGEST = "sha256:7eabeab0b1c5c66ec97f7eef133a6d057a5f5aaad96209a04416a1b9cfe0026b"

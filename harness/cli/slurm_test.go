@@ -118,7 +118,7 @@ func TestSlurmNodeFailureIsRetried(t *testing.T) {
 					}
 					time.Sleep(200 * time.Millisecond)
 				}
-				c.StartSlurmd()
+				c.RestoreNode()
 				return
 			}
 			time.Sleep(100 * time.Millisecond)

@@ -28,4 +28,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:7eabeab0b1c5c66ec97f7eef133a6d057a5f5aaad96209a04416a1b9cfe0026b"
+HARNESS_DIGEST = "sha256:fc6f3df204edb5d9c4227729c873b9d4f668c5acc7978eb8aa737f620210b999"

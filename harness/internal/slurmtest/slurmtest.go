@@ -129,11 +129,19 @@ PartitionName=main Nodes=%[1]s Default=YES MaxTime=INFINITE State=UP
 // StartSlurmd starts the node daemon (again, after KillSlurmd).
 func (c *Cluster) StartSlurmd() { c.run("slurmd", "-f", c.Conf) }
 
-// KillNode kills the node daemon and every job step daemon, as a node that fails loses them:
-// the controller declares the node down after SlurmdTimeout and its jobs NODE_FAIL.
+// KillNode kills the node daemon and every job step daemon, as a node that fails loses them,
+// and marks the node down at once, as a health check would (the controller alone takes
+// SlurmdTimeout, longer on a loaded machine): its running jobs end NODE_FAIL.
 func (c *Cluster) KillNode() {
 	c.KillSlurmd()
 	_ = exec.Command("pkill", "-KILL", "-x", "slurmstepd").Run()
+	_, _ = c.Output("scontrol", "update", "NodeName="+c.Node, "State=DOWN", "Reason=lost")
+}
+
+// RestoreNode starts the node daemon again and returns the node to service.
+func (c *Cluster) RestoreNode() {
+	c.StartSlurmd()
+	_, _ = c.Output("scontrol", "update", "NodeName="+c.Node, "State=RESUME")
 }
 
 // KillSlurmd kills the node daemon.

@@ -4,12 +4,17 @@
 package grade
 
 import (
+	"bytes"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/joshdk/go-junit"
 
+	"github.com/infradev/infradev/harness/attempt"
 	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/pytestproto"
 	"github.com/infradev/infradev/harness/result"
@@ -492,4 +497,19 @@ func join(a, b string) string {
 		return b
 	}
 	return a + "; " + b
+}
+
+// Record writes the result of an attempt that ended in one phase the harness graded itself
+// (a lease that could not be had, a job the cluster failed or timed out), labelled as in's,
+// keyed by keys, graded, to out/result.json.
+func Record(in attempt.Inputs, keys result.Inputs, p result.Phase, out string) (*result.Result, error) {
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return nil, err
+	}
+	now := time.Now().UTC()
+	r := &result.Result{Schema: result.Schema, Inputs: keys, Project: in.Task.Project, FailToPass: len(in.Task.Tests.FailToPass),
+		EmptyPatch: len(bytes.TrimSpace(in.Patch)) == 0, Phases: []result.Phase{p}, StartedAt: now, FinishedAt: now}
+	r.SetIdentity(in.Identity())
+	Verdict(r)
+	return r, result.Write(filepath.Join(out, "result.json"), r)
 }

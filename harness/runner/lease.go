@@ -3,10 +3,7 @@ package runner
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sync"
-	"time"
 
 	"github.com/infradev/infradev/harness/gpu"
 	"github.com/infradev/infradev/harness/grade"
@@ -67,16 +64,7 @@ func (l *Leased) infra(in Inputs, out string, cause error) (*result.Result, erro
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(out, 0o755); err != nil {
-		return nil, err
-	}
-	now := time.Now().UTC()
-	id := in.Identity()
-	r := &result.Result{Schema: result.Schema, Inputs: keys, Project: in.Task.Project, FailToPass: len(in.Task.Tests.FailToPass),
-		Phases: []result.Phase{{Name: "infra", Status: result.StatusError, Detail: cause.Error()}}, StartedAt: now, FinishedAt: now}
-	r.SetIdentity(id)
-	grade.Verdict(r)
-	return r, result.Write(filepath.Join(out, "result.json"), r)
+	return grade.Record(in, keys, result.Phase{Name: "infra", Status: result.StatusError, Detail: cause.Error()}, out)
 }
 
 // CheckTask, Survey and Sweep reach the wrapped Attempter's, where it has them.

@@ -252,12 +252,7 @@ func (a Attempter) write(in attempt.Inputs, out string, p result.Phase) (*result
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now().UTC()
-	r := &result.Result{Schema: result.Schema, Inputs: keys, Project: in.Task.Project, FailToPass: len(in.Task.Tests.FailToPass),
-		EmptyPatch: len(bytes.TrimSpace(in.Patch)) == 0, Phases: []result.Phase{p}, StartedAt: now, FinishedAt: now}
-	r.SetIdentity(in.Identity())
-	grade.Verdict(r)
-	return r, result.Write(filepath.Join(out, "result.json"), r)
+	return grade.Record(in, keys, p, out)
 }
 
 func (a Attempter) command(ctx context.Context, name string, args ...string) *exec.Cmd {

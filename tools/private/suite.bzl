@@ -28,4 +28,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:fc6f3df204edb5d9c4227729c873b9d4f668c5acc7978eb8aa737f620210b999"
+HARNESS_DIGEST = "sha256:f9bca331450eec530c9090281cf0d019681553f440ec9d1ea2003f62bca5c41d"

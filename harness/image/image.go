@@ -219,8 +219,9 @@ func (b *builder) key(parent string, s envspec.Step) (string, error) {
 		return "", err
 	}
 	h := sha256.New()
-	// v2: Debian layers are built with a fixed tool environment (toolEnv).
-	fmt.Fprintf(h, "infradev.step/v2\nparent %s\nstep %s\n", parent, def)
+	// v2: Debian layers are built with a fixed tool environment (toolEnv). v3: a hard link
+	// never points outside its layer (a link to a lower layer is written as a file).
+	fmt.Fprintf(h, "infradev.step/v3\nparent %s\nstep %s\n", parent, def)
 	if s.Pip != nil {
 		// The lock is what the layer is made of: any change to it rebuilds exactly this step.
 		_, data, err := ReadPipLock(s)

@@ -22,6 +22,9 @@ func Canonicalize(src string, w *Writer) error {
 		if skipped(h) {
 			return nil
 		}
+		if h.Typeflag == tar.TypeLink && !w.Has(h.Linkname) {
+			return nil // a link to a dropped device node
+		}
 		if err := w.AddParents(h.Name); err != nil {
 			return err
 		}
@@ -32,8 +35,22 @@ func Canonicalize(src string, w *Writer) error {
 // Diff writes to w the entries of the tarball full that are new or changed relative to the
 // tarball base (a root filesystem and a later state of it), and a whiteout for every path of
 // base that full no longer has. Unchanged entries, including unchanged parent directories,
-// are left out, except that each written entry's parents are written too.
+// are left out, except that each written entry's parents are written too. A hard link whose
+// target is not in this layer (an unchanged file of a layer below) is written as a regular file
+// with the target's content: OCI consumers (Docker, containerd) accept hard links only to
+// earlier entries of the same layer.
 func Diff(base, full string, w *Writer) error {
+	// The targets of hard links in full, whose content a link may have to carry.
+	targets := map[string]bool{}
+	if err := eachEntry(full, func(h *tar.Header, _ io.Reader) error {
+		if h.Typeflag == tar.TypeLink {
+			targets[CleanName(h.Linkname)] = true
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("reading %s: %w", full, err)
+	}
+	kept := map[string]*keptFile{}
 	before := map[string][32]byte{}
 	if err := eachEntry(base, func(h *tar.Header, r io.Reader) error {
 		if !skipped(h) {
@@ -64,11 +81,23 @@ func Diff(base, full string, w *Writer) error {
 		if err != nil {
 			return err
 		}
+		if targets[name] && (h.Typeflag == tar.TypeReg || h.Typeflag == tar.TypeRegA) {
+			kept[name] = &keptFile{hdr: *h, data: append([]byte(nil), buf.Bytes()...)}
+		}
 		if old, ok := before[name]; ok && old == fp {
 			return nil
 		}
 		if err := addParentsFrom(w, name, dirs); err != nil {
 			return err
+		}
+		if h.Typeflag == tar.TypeLink && !w.Has(h.Linkname) {
+			k := kept[CleanName(h.Linkname)]
+			if k == nil {
+				return fmt.Errorf("hard link to %s, which is not a regular file earlier in the tarball", h.Linkname)
+			}
+			reg := k.hdr
+			reg.Name, reg.Linkname = h.Name, ""
+			return w.Add(&reg, bytes.NewReader(k.data))
 		}
 		return w.Add(h, &buf)
 	}); err != nil {
@@ -91,6 +120,12 @@ func Diff(base, full string, w *Writer) error {
 		}
 	}
 	return nil
+}
+
+// keptFile is a hard link target's header and content.
+type keptFile struct {
+	hdr  tar.Header
+	data []byte
 }
 
 // addParentsFrom writes name's missing parents using their headers from the source tarball.

@@ -85,6 +85,11 @@ func (w *Writer) Add(hdr *tar.Header, r io.Reader) error {
 	if w.names[key] {
 		return nil // parents added implicitly, then explicitly: first one wins
 	}
+	if h.Typeflag == tar.TypeLink && !w.names[h.Linkname] {
+		// Docker and containerd refuse a layer whose hard link points outside it.
+		w.err = fmt.Errorf("writing %s: hard link to %s, which is not earlier in this layer", h.Name, h.Linkname)
+		return w.err
+	}
 	w.names[key] = true
 	if err := w.tw.WriteHeader(h); err != nil {
 		w.err = fmt.Errorf("writing %s: %w", h.Name, err)

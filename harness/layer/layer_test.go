@@ -125,3 +125,85 @@ func TestSameTreeSameDigest(t *testing.T) {
 }
 
 var a1 = time.Now().Add(time.Hour)
+
+// writeEntries writes a tarball of the given headers (and regular files' bodies), in order.
+func writeEntries(t *testing.T, path string, hs []*tar.Header, bodies map[string]string) {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, h := range hs {
+		if h.Typeflag == tar.TypeReg {
+			h.Size = int64(len(bodies[h.Name]))
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write([]byte(bodies[h.Name]))
+	}
+	tw.Close()
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A package that adds a hard link to a file of a lower layer (perl -> perl5.36.0): the diff
+// layer holds the link as a regular file with the target's content, since Docker and
+// containerd refuse links that leave a layer; a link within the layer stays a link.
+func TestDiffHardLinksStayInTheLayer(t *testing.T) {
+	dir := t.TempDir()
+	base, full := filepath.Join(dir, "base.tar"), filepath.Join(dir, "full.tar")
+	reg := func(n string) *tar.Header { return &tar.Header{Name: n, Typeflag: tar.TypeReg, Mode: 0o755} }
+	link := func(n, to string) *tar.Header {
+		return &tar.Header{Name: n, Typeflag: tar.TypeLink, Linkname: to, Mode: 0o755}
+	}
+	bodies := map[string]string{"usr/bin/perl5.36.0": "PERL", "opt/x": "X"}
+	writeEntries(t, base, []*tar.Header{reg("usr/bin/perl5.36.0")}, bodies)
+	writeEntries(t, full, []*tar.Header{reg("usr/bin/perl5.36.0"), link("usr/bin/perl", "usr/bin/perl5.36.0"), reg("opt/x"), link("opt/y", "opt/x")}, bodies)
+	w, err := layer.Create(filepath.Join(dir, "diff.tar.gz"), layer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := layer.Diff(base, full, w); err != nil {
+		t.Fatal(err)
+	}
+	info, err := w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, _ := os.Open(info.Path)
+	defer f.Close()
+	zr, _ := gzip.NewReader(f)
+	tr := tar.NewReader(zr)
+	got := map[string]string{}
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(tr)
+		switch h.Typeflag {
+		case tar.TypeLink:
+			got[h.Name] = "link to " + h.Linkname
+		case tar.TypeReg:
+			got[h.Name] = "file " + string(body)
+		}
+	}
+	want := map[string]string{"usr/bin/perl": "file PERL", "opt/x": "file X", "opt/y": "link to opt/x"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("diff layer (-want +got):\n%s", diff)
+	}
+}
+
+func TestWriterRefusesLinksOutOfTheLayer(t *testing.T) {
+	w, err := layer.Create(filepath.Join(t.TempDir(), "l.tar.gz"), layer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Abort()
+	if err := w.Add(&tar.Header{Name: "usr/bin/perl", Typeflag: tar.TypeLink, Linkname: "usr/bin/perl5"}, nil); err == nil {
+		t.Errorf("a hard link to an entry not in the layer was written")
+	}
+}

@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/validate"
 
 	"github.com/infradev/infradev/harness/envspec"
@@ -136,5 +138,62 @@ func TestGitLayerIsAPlainRepository(t *testing.T) {
 	}
 	if !strings.Contains(string(list), "-rwxr-xr-x 0/0") || !strings.Contains(string(list), "workspace/proj/run.sh") {
 		t.Errorf("run.sh should keep its execute bit, root-owned:\n%s", list)
+	}
+}
+
+// With $INFRADEV_DOCKER_ARCHIVES set, every image written is also saved once as a
+// docker-archive holding the same config and layers.
+func TestImagesAreSavedAsDockerArchives(t *testing.T) {
+	envDir := newEnv(t)
+	archives := t.TempDir()
+	t.Setenv(image.ArchivesEnv, archives)
+	store := t.TempDir()
+	built, _ := build(t, envDir, store)
+	h, _ := v1.NewHash(built.Manifest)
+	path := filepath.Join(archives, h.Hex+".tar")
+	tag, _ := name.NewTag("infradev/tiny:" + h.Hex[:12])
+	saved, err := tarball.ImageFromPath(path, &tag)
+	if err != nil {
+		t.Fatalf("reading the saved archive: %v", err)
+	}
+	p, _ := layout.FromPath(image.Store{Dir: store}.Layout())
+	orig, _ := p.Image(h)
+	wantCfg, _ := orig.ConfigName()
+	gotCfg, err := saved.ConfigName()
+	if err != nil || gotCfg != wantCfg {
+		t.Errorf("archive config %v (%v); want %v", gotCfg, err, wantCfg)
+	}
+	wantLayers, _ := orig.Layers()
+	gotLayers, _ := saved.Layers()
+	if len(gotLayers) != len(wantLayers) {
+		t.Fatalf("archive has %d layers; want %d", len(gotLayers), len(wantLayers))
+	}
+	for i := range wantLayers {
+		w, _ := wantLayers[i].Digest()
+		g, _ := gotLayers[i].Digest()
+		if w != g {
+			t.Errorf("layer %d: archive %s; want %s", i, g, w)
+		}
+	}
+	// Built again (the steps cached): the archive is kept, not written again.
+	before, _ := os.Stat(path)
+	old := before.ModTime().Add(-time.Hour)
+	os.Chtimes(path, old, old)
+	build(t, envDir, store)
+	after, _ := os.Stat(path)
+	if !after.ModTime().Equal(old) {
+		t.Error("the archive of an unchanged image was written again")
+	}
+	entries, _ := os.ReadDir(archives)
+	if len(entries) != 1 {
+		t.Errorf("archives folder holds %d entries; want the one archive (no temporary files)", len(entries))
+	}
+
+	// A folder that cannot be written fails the build, naming the variable.
+	t.Setenv(image.ArchivesEnv, filepath.Join(path, "not-a-dir"))
+	env, _ := envspec.Load(envDir)
+	_, err = image.Build(context.Background(), env, image.Store{Dir: t.TempDir()}, image.Options{})
+	if err == nil || !strings.Contains(err.Error(), image.ArchivesEnv) {
+		t.Errorf("build into an unwritable archives folder: %v; want an error naming $%s", err, image.ArchivesEnv)
 	}
 }

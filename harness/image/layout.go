@@ -130,7 +130,8 @@ func putLayers(dir string, img v1.Image) error {
 
 // putImage writes img's config and manifest (its layers must be in the layout already) and
 // names it in index.json, replacing any image of the same name. The index is rewritten last,
-// so a crash before it leaves the previous index, which references only complete blobs.
+// so a crash before it leaves the previous index, which references only complete blobs. With
+// $INFRADEV_DOCKER_ARCHIVES set, the image is then also saved as a docker-archive.
 func putImage(dir string, img v1.Image, name string) (string, error) {
 	layers, err := img.Layers()
 	if err != nil {
@@ -165,7 +166,10 @@ func putImage(dir string, img v1.Image, name string) (string, error) {
 		return "", err
 	}
 	h, _ := v1.NewHash(digest)
-	return digest, nameInIndex(dir, v1.Descriptor{MediaType: mt, Size: int64(len(raw)), Digest: h}, name)
+	if err := nameInIndex(dir, v1.Descriptor{MediaType: mt, Size: int64(len(raw)), Digest: h}, name); err != nil {
+		return "", err
+	}
+	return digest, exportArchive(dir, digest, name)
 }
 
 // nameInIndex points name at desc in index.json.

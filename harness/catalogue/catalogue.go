@@ -30,9 +30,9 @@ type Row struct {
 	FailToPass int      `json:"fail_to_pass"`
 	GPUs       int      `json:"gpus"`      // what an attempt here needs
 	PoolGPUs   int      `json:"pool_gpus"` // what the change's own tests use upstream
-	// Status is cpu, gpu (validated, with the record current), stale (a record for another
-	// version of the task or probes), gpu-pending (needs GPUs, not validated on them) or
-	// unvalidated.
+	// Status is the current record's: cpu, gpu (validated in full, without or with GPUs) or
+	// gpu-pending (needs GPUs; every check that needs none passed); stale (a record for
+	// another version of the task, probes or environment) or unvalidated (no record).
 	Status string `json:"status"`
 }
 
@@ -95,9 +95,6 @@ func status(t *task.Task, probesDir, envsRoot string) (string, error) {
 		return "", err
 	}
 	if rec == nil {
-		if t.Resources.GPUs.Count > 0 {
-			return "gpu-pending", nil
-		}
 		return "unvalidated", nil
 	}
 	changed, err := rec.Stale(t, probesDir, env)
@@ -123,9 +120,9 @@ func Markdown(rows []Row) []byte {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | %d | %d / %d | %s |\n", cell(r.ID), cell(up), cell(r.Kind),
 			cell(strings.Join(r.Categories, ", ")), r.Probes, r.FailToPass, r.GPUs, r.PoolGPUs, cell(r.Status))
 	}
-	byProject, byPool, byCategory, byStatus := Counts(rows)
-	fmt.Fprintf(&b, "\n%d tasks. By project: %s. By GPUs on a pool: %s. Probe categories (tasks with one): %s. Status: %s.\n",
-		len(rows), summary(byProject), summary(byPool), summary(byCategory), summary(byStatus))
+	c := Count(rows)
+	fmt.Fprintf(&b, "\n%d tasks. By project: %s. By GPUs here: %s. By GPUs on a pool: %s. Probe categories (tasks with one): %s. Status: %s.\n",
+		len(rows), summary(c.Project), summary(c.GPUs), summary(c.PoolGPUs), summary(c.Category), summary(c.Status))
 	return b.Bytes()
 }
 
@@ -149,19 +146,25 @@ func Splice(doc, table []byte, name string) ([]byte, error) {
 	return out.Bytes(), nil
 }
 
-// Counts summarises rows: tasks per project, per GPUs on a pool, per probe category and per
-// status (a stale record counts as stale, whatever changed).
-func Counts(rows []Row) (byProject, byPoolGPUs, byCategory, byStatus map[string]int) {
-	byProject, byPoolGPUs, byCategory, byStatus = map[string]int{}, map[string]int{}, map[string]int{}, map[string]int{}
+// Counts are tasks counted per key.
+type Counts struct {
+	Project, GPUs, PoolGPUs, Category, Status map[string]int
+}
+
+// Count summarises rows: tasks per project, per GPUs an attempt needs here, per GPUs on a
+// pool, per probe category and per status (a stale record counts as stale, whatever changed).
+func Count(rows []Row) Counts {
+	c := Counts{Project: map[string]int{}, GPUs: map[string]int{}, PoolGPUs: map[string]int{}, Category: map[string]int{}, Status: map[string]int{}}
 	for _, r := range rows {
-		byProject[r.Project]++
-		byPoolGPUs[fmt.Sprint(r.PoolGPUs)]++
-		for _, c := range r.Categories {
-			byCategory[c]++
+		c.Project[r.Project]++
+		c.GPUs[fmt.Sprint(r.GPUs)]++
+		c.PoolGPUs[fmt.Sprint(r.PoolGPUs)]++
+		for _, cat := range r.Categories {
+			c.Category[cat]++
 		}
-		byStatus[strings.SplitN(r.Status, " ", 2)[0]]++
+		c.Status[strings.SplitN(r.Status, " ", 2)[0]]++
 	}
-	return
+	return c
 }
 
 // summary writes counts as "a 2, b 1", keys sorted.

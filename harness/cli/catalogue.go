@@ -22,11 +22,12 @@ func newCatalogueCmd() *cobra.Command {
 		Use:   "catalogue",
 		Short: "The table of tasks: upstream change, kind, probe categories, GPUs, validation status",
 		Long: `Print the catalogue of tasks as a Markdown table. A task's status comes from its validation
-record (validation.json beside its probes, written by infradev validate --record): cpu or gpu
-when the record matches the task, its probes and samples and its environment's lock as they
-are, stale (naming what changed) when it does not, gpu-pending or unvalidated when there is
-none. Below the table: counts per project, GPUs on a pool, probe category and status. With --write FILE, replace the table between the catalogue
-markers in FILE; with --check FILE, fail if that table is not current.
+record (validation.json beside its probes, written by infradev validate --record): cpu, gpu or
+gpu-pending when the record matches the task, its probes and samples and its environment's
+lock as they are, stale (naming what changed) when it does not, unvalidated when there is
+none. Below the table: counts per project, GPUs here, GPUs on a pool, probe category and
+status. With --write FILE, replace the table between the catalogue markers in FILE; with
+--check FILE, fail if that table is not current.
 
 Exit codes: 0 printed, written or current; 1 stale (--check); 2 bad usage or spec.`,
 		Args: cobra.NoArgs,

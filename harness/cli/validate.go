@@ -30,6 +30,7 @@ func newValidateCmd(g *globals) *cobra.Command {
 		noTamper          bool
 		record            bool
 		jobs              int
+		gpus, offline     bool
 	}
 	cmd := &cobra.Command{
 		Use:   "validate [TASK_DIR...]",
@@ -52,6 +53,14 @@ every interface the probes use that the gold patch provides. Unless --schema-onl
 and print a table per task with the time it took. Every probe must be failed by at least one
 sample: a probe that no wrong patch fails has shown no power to tell wrong from right.
 
+A task whose attempts need GPUs gets only the task's own check unless --gpus is given (its
+record then says gpu-pending); with --gpus (what a GPU pool runs) it is validated in full on
+this machine's GPUs and its record says gpu, naming the machine class. A task needing more
+GPUs than the machine has stays gpu-pending.
+
+--offline runs nothing and reads no mirror: the specs are checked, and every task must have a
+validation record that describes it as it is (not stale), with a status its GPU needs allow.
+
 Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infrastructure fault.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dirs := args
@@ -68,9 +77,15 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 			if len(dirs) == 0 {
 				return fault.Inputf("no tasks to validate")
 			}
+			if o.offline && (o.gpus || o.record) {
+				return fault.Inputf("--offline runs nothing: it takes neither --gpus nor --record")
+			}
 			mirrors, err := g.mirrorMap()
 			if err != nil {
 				return err
+			}
+			if o.offline {
+				mirrors = nil
 			}
 			items, offline, err := validate.Specs(cmd.Context(), dirs, validate.SpecOptions{
 				ProbesRoot: o.probes, Store: g.store, Mirrors: mirrors, Digests: o.record})
@@ -82,8 +97,23 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 				fmt.Fprintf(cmd.OutOrStdout(), "%d upstream task(s) checked offline, without their derived files (no mirror, nothing stored): %s\n",
 					len(offline), strings.Join(offline, ", "))
 			}
+			if o.offline {
+				return checkRecords(cmd, items, o.envs)
+			}
 			if o.schemaOnly {
 				return nil
+			}
+			gpus := 0
+			if o.gpus {
+				m := g.machine()
+				if m == nil || len(m.Devices) == 0 {
+					why := "NVML found none"
+					if g.gpuErr != nil {
+						why = g.gpuErr.Error()
+					}
+					return fault.Infraf("--gpus: this machine has no GPUs to validate on (%s)", why)
+				}
+				gpus = len(m.Devices)
 			}
 			if len(offline) > 0 {
 				return fault.Infraf("upstream task(s) %s need their repository: give a mirror (--git-mirror or $INFRADEV_GIT_MIRRORS)", strings.Join(offline, ", "))
@@ -121,8 +151,14 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 			}
 			// Tasks are validated concurrently (--jobs), each one's attempts in order; the table
 			// keeps the tasks' order.
+			// Each passing task's record is written as soon as its validation ends, so a long
+			// run that is interrupted keeps the records it earned.
 			reports := make([]*validate.Report, len(items))
 			errsOut := make([]error, len(items))
+			recordErrs := make([]error, len(items))
+			if o.record {
+				g.machine() // read once, before the tasks' goroutines write records
+			}
 			sem := make(chan struct{}, max(1, o.jobs))
 			var wg sync.WaitGroup
 			for i, it := range items {
@@ -131,14 +167,16 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 					defer wg.Done()
 					sem <- struct{}{}
 					defer func() { <-sem }()
-					reports[i], errsOut[i] = validateOne(cmd, g, rn, it, layout, images[it.Task.ID], o.runs, o.out, !o.noTamper, o.updateBaseline)
+					reports[i], errsOut[i] = validateOne(cmd, g, rn, it, layout, images[it.Task.ID], o.runs, o.out, !o.noTamper, o.updateBaseline, gpus)
+					if errsOut[i] == nil && o.record && reports[i].OK() {
+						recordErrs[i] = writeRecord(g, it, o.envs, envImages[it.Task.Environment], reports[i])
+					}
 				}(i, it)
 			}
 			wg.Wait()
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
 			fmt.Fprintf(tw, "TASK\tGOLD\tEMPTY\tSAMPLES\tTAMPER\tTIME\tCHECK\n")
 			failed := false
-			var recordErrs []error
 			for i, rep := range reports {
 				if errsOut[i] != nil {
 					return fault.Infraf("%s: %v", items[i].Task.ID, errsOut[i])
@@ -161,18 +199,22 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 				if rep.Fault != "" {
 					goldCol, samplesCol = "-", "-"
 				}
+				if rep.Pending && rep.Fault == "" {
+					goldCol, samplesCol = "-", "-"
+					check = fmt.Sprintf("ok without GPUs: gpu-pending (needs %d, --gpus on a machine with them validates it)", items[i].Task.Resources.GPUs.Count)
+				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0fs\t%s\n", rep.Task, goldCol, orDash(rep.Empty), samplesCol, tamper, rep.WallSeconds, check)
-				if o.record && rep.OK() {
-					if err := writeRecord(g, items[i], o.envs, envImages[items[i].Task.Environment], rep); err != nil {
-						recordErrs, failed = append(recordErrs, err), true
-					}
+				if recordErrs[i] != nil {
+					failed = true
 				}
 			}
 			if err := tw.Flush(); err != nil {
 				return err
 			}
 			for _, err := range recordErrs {
-				fmt.Fprintf(cmd.ErrOrStderr(), "%v\n", err)
+				if err != nil {
+					fmt.Fprintf(cmd.ErrOrStderr(), "%v\n", err)
+				}
 			}
 			if failed {
 				return &ExitError{Code: ExitFailed, Err: fmt.Errorf("validation failed")}
@@ -190,15 +232,46 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 	f.BoolVar(&o.record, "record", false, "write each passing task's validation record (validation.json beside its probes)")
 	f.IntVar(&o.jobs, "jobs", 1, "tasks validated at once (budgeted probes measure time and memory: more at once makes them noisier)")
 	f.BoolVar(&o.noTamper, "no-tamper", false, "skip the tamper check (every sample and the empty patch again with an in-process cheat)")
+	f.BoolVar(&o.gpus, "gpus", false, "validate tasks that need GPUs in full on this machine's GPUs (without it they get only the checks that need none)")
+	f.BoolVar(&o.offline, "offline", false, "run nothing and read no mirror: check the specs and that every task's validation record is current")
 	return cmd
+}
+
+// checkRecords is validate --offline's check: every task has a current validation record whose
+// status its GPU needs allow.
+func checkRecords(cmd *cobra.Command, items []validate.Item, envs string) error {
+	var problems []string
+	for _, it := range items {
+		lock, err := image.ReadLock(filepath.Join(envs, it.Task.Environment))
+		if err != nil {
+			return err
+		}
+		env := ""
+		if lock != nil {
+			env = lock.Manifest
+		}
+		if problem, err := validate.CheckRecord(it.Task, it.Probes.Dir, env); err != nil {
+			return err
+		} else if problem != "" {
+			problems = append(problems, problem)
+		}
+	}
+	for _, p := range problems {
+		fmt.Fprintln(cmd.ErrOrStderr(), p)
+	}
+	if len(problems) > 0 {
+		return &ExitError{Code: ExitFailed, Err: fmt.Errorf("%d of %d task(s) lack a current validation record", len(problems), len(items))}
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "%d task(s): every validation record current\n", len(items))
+	return nil
 }
 
 // writeRecord writes a passing task's validation record (validate.RecordPinned) with this
 // harness's key and hardware class.
 func writeRecord(g *globals, it validate.Item, envs, ranOn string, rep *validate.Report) error {
 	hardware := "cpu"
-	if m := g.machine(); m != nil && len(m.Devices) > 0 {
-		hardware = "gpu:" + m.Devices[0].Name
+	if m := g.machine(); m != nil && len(m.Devices) > 0 && !rep.Pending {
+		hardware = fmt.Sprintf("gpu:%s x%d", m.Devices[0].Name, len(m.Devices))
 	}
 	key, err := harnessKey()
 	if err != nil {
@@ -209,7 +282,7 @@ func writeRecord(g *globals, it validate.Item, envs, ranOn string, rep *validate
 
 // validateOne validates one task with its gold patch (read from the task).
 func validateOne(cmd *cobra.Command, g *globals, rn validate.Runner, it validate.Item, layout, img string,
-	runs int, out string, tamper, updateBaseline bool) (*validate.Report, error) {
+	runs int, out string, tamper, updateBaseline bool, gpus int) (*validate.Report, error) {
 	t, p, ss := it.Task, it.Probes, it.Samples
 	gold, err := os.ReadFile(t.GoldFile())
 	if err != nil {
@@ -220,7 +293,7 @@ func validateOne(cmd *cobra.Command, g *globals, rn validate.Runner, it validate
 		return nil, err
 	}
 	return validate.Task(cmd.Context(), rn, runner.Inputs{Task: t, Probes: p, Layout: layout, Image: img}, ss, gold,
-		validate.Options{Runs: runs, Out: out, Tamper: tamper, OnGold: onGold,
+		validate.Options{Runs: runs, Out: out, Tamper: tamper, OnGold: onGold, GPUs: gpus,
 			Baseline: func(golds []*result.Result) (string, *probe.Set, error) {
 				note, err := validate.Baseline(t, p, golds, img, Version, updateBaseline)
 				if err != nil {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -20,6 +21,9 @@ import (
 // RecordSchema versions validation records.
 const RecordSchema = "infradev.validation/v1"
 
+// Statuses are what a record may say of its task (see Record.Status).
+var Statuses = []string{"cpu", "gpu", "gpu-pending"}
+
 // RecordFile is where a task's validation record is kept, beside its probes.
 const RecordFile = "validation.json"
 
@@ -29,7 +33,9 @@ const RecordFile = "validation.json"
 type Record struct {
 	Schema string `json:"schema"`
 	Task   string `json:"task"`
-	// Status is "cpu" (validated here, without GPUs) or "gpu" (on GPUs: Hardware names them).
+	// Status is "cpu" (fully validated without GPUs), "gpu" (a task needing GPUs, fully
+	// validated on them: Hardware names the machine class) or "gpu-pending" (a task needing
+	// GPUs that got every check that needs none: see Options.GPUs).
 	Status   string `json:"status"`
 	Hardware string `json:"hardware"`
 	// Digests of the task directory, the probes directory (samples included) and the
@@ -66,8 +72,9 @@ func Digests(t *task.Task, probesDir string) (taskDigest, probesDigest string, e
 // (Digests) were taken before it ran; it refuses when they are no longer the current ones (a
 // file changed while the validation ran) or when any check did not pass.
 func NewRecord(rep *Report, t *task.Task, probesDir, taskDigest, probesDigest, environment, harness, hardware string, now time.Time) (*Record, error) {
-	if !rep.OK() || rep.GoldRuns == 0 || rep.GoldResolved != rep.GoldRuns || rep.SamplesOK != rep.Samples ||
-		rep.TamperOK != rep.TamperRuns || rep.Task != t.ID {
+	full := rep.GoldRuns > 0 && rep.GoldResolved == rep.GoldRuns && rep.SamplesOK == rep.Samples && rep.TamperOK == rep.TamperRuns
+	pending := rep.Pending && t.Resources.GPUs.Count > 0
+	if !rep.OK() || rep.Task != t.ID || (!full && !pending) || (rep.Pending && !pending) {
 		return nil, fmt.Errorf("task %s did not validate: no record", t.ID)
 	}
 	td, pd, err := Digests(t, probesDir)
@@ -78,7 +85,13 @@ func NewRecord(rep *Report, t *task.Task, probesDir, taskDigest, probesDigest, e
 		return nil, fmt.Errorf("task %s: %s or %s changed while it was validated: no record (validate again)", t.ID, t.Dir, probesDir)
 	}
 	status := "cpu"
-	if hardware != "cpu" {
+	switch {
+	case pending:
+		status = "gpu-pending"
+	case t.Resources.GPUs.Count > 0:
+		if hardware == "cpu" {
+			return nil, fmt.Errorf("task %s needs %d GPU(s) but was validated without one: no record", t.ID, t.Resources.GPUs.Count)
+		}
 		status = "gpu"
 	}
 	return &Record{Schema: RecordSchema, Task: t.ID, Status: status, Hardware: hardware, TaskDigest: td,
@@ -111,8 +124,8 @@ func ReadRecord(probesDir string) (*Record, error) {
 	if r.Schema != RecordSchema {
 		return nil, fmt.Errorf("%s: field schema: %q, want %q", p, r.Schema, RecordSchema)
 	}
-	if r.Status != "cpu" && r.Status != "gpu" {
-		return nil, fmt.Errorf("%s: field status: %q, want cpu or gpu", p, r.Status)
+	if !slices.Contains(Statuses, r.Status) {
+		return nil, fmt.Errorf("%s: field status: %q, want one of %s", p, r.Status, strings.Join(Statuses, ", "))
 	}
 	return &r, nil
 }
@@ -139,4 +152,30 @@ func (r *Record) Stale(t *task.Task, probesDir, environment string) (string, err
 		changed = append(changed, "environment")
 	}
 	return strings.Join(changed, ", "), nil
+}
+
+// CheckRecord says what is wrong with the task's validation record against the task as it is
+// and its environment's locked manifest: none, stale, or a status its GPU needs do not allow
+// ("" when the record is current).
+func CheckRecord(t *task.Task, probesDir, environment string) (string, error) {
+	rec, err := ReadRecord(probesDir)
+	if err != nil {
+		return "", err
+	}
+	file := filepath.Join(probesDir, RecordFile)
+	if rec == nil {
+		return fmt.Sprintf("%s: no validation record (infradev validate --record writes it)", file), nil
+	}
+	changed, err := rec.Stale(t, probesDir, environment)
+	if err != nil {
+		return "", err
+	}
+	if changed != "" {
+		return fmt.Sprintf("%s: stale: %s changed since it was written (validate again)", file, changed), nil
+	}
+	needs := t.Resources.GPUs.Count > 0
+	if needs == (rec.Status == "cpu") {
+		return fmt.Sprintf("%s: field status: %q, but the task needs %d GPU(s)", file, rec.Status, t.Resources.GPUs.Count), nil
+	}
+	return "", nil
 }

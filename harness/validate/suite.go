@@ -165,5 +165,13 @@ func RecordPinned(it Item, envDir, ranOn, harness, hardware string, rep *Report,
 	if err != nil {
 		return err
 	}
+	if rec.Status == "gpu-pending" {
+		// A machine with too few GPUs does not undo what a bigger one validated.
+		if old, err := ReadRecord(it.Probes.Dir); err == nil && old != nil && old.Status == "gpu" {
+			if changed, err := old.Stale(it.Task, it.Probes.Dir, lock.Manifest); err == nil && changed == "" {
+				return nil
+			}
+		}
+	}
 	return WriteRecord(it.Probes.Dir, rec)
 }

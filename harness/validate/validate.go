@@ -41,13 +41,21 @@ type Options struct {
 	// Baseline is called with gold's results when the task has budgeted probes, to write or
 	// keep the baseline; it returns what it did and the probes to judge budgets with.
 	Baseline func(golds []*result.Result) (string, *probe.Set, error)
+	// GPUs is how many GPUs validation may give an attempt. A task needing more gets only
+	// the checks that need none (the task check: base commit, test patch and gold apply,
+	// official test files and probes import and are collected on CPU) and is reported
+	// Pending.
+	GPUs int
 }
 
 // Report is one task's validation.
 type Report struct {
 	Task string
 	// Fault is the task check's finding; when set nothing else ran.
-	Fault         string
+	Fault string
+	// Pending: the task needs more GPUs than validation had; only the task check ran (and
+	// passed, unless Fault is set).
+	Pending       bool
 	GoldResolved  int
 	GoldRuns      int
 	Empty         string // the empty patch's failure class
@@ -80,6 +88,10 @@ func Task(ctx context.Context, rn Runner, in runner.Inputs, ss *samples.Set, gol
 	}
 	if fault != "" {
 		rep.Fault = fault
+		return rep, nil
+	}
+	if t.Resources.GPUs.Count > o.GPUs {
+		rep.Pending, rep.GoldRuns = true, 0
 		return rep, nil
 	}
 	run := func(name string, patch []byte, mod func(*runner.Inputs)) (*result.Result, error) {

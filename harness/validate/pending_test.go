@@ -1,0 +1,139 @@
+package validate_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/infradev/infradev/harness/internal/testenv"
+	"github.com/infradev/infradev/harness/probe"
+	"github.com/infradev/infradev/harness/result"
+	"github.com/infradev/infradev/harness/runner"
+	"github.com/infradev/infradev/harness/task"
+	"github.com/infradev/infradev/harness/validate"
+)
+
+// fakeRunner records what validation asked of it.
+type fakeRunner struct {
+	checks int
+	runs   []string
+	fault  string
+}
+
+func (f *fakeRunner) CheckTask(context.Context, runner.Inputs) (string, error) {
+	f.checks++
+	return f.fault, nil
+}
+
+func (f *fakeRunner) Run(_ context.Context, in runner.Inputs, out string) (*result.Result, error) {
+	f.runs = append(f.runs, filepath.Base(out))
+	return &result.Result{Resolved: in.Patch != nil, FailureClass: result.OfficialTestsFailed}, nil
+}
+
+// gpuTask copies a demo task and its probes into a fresh root, asking for gpus GPUs.
+func gpuTask(t *testing.T, gpus int) (*task.Task, *probe.Set) {
+	t.Helper()
+	src := testenv.RepoRoot(t)
+	root := t.TempDir()
+	for _, d := range []string{"tasks/demo/minirl-0001", "probes/demo/minirl-0001"} {
+		if err := os.CopyFS(filepath.Join(root, d), os.DirFS(filepath.Join(src, d))); err != nil {
+			t.Fatal(err)
+		}
+		os.Remove(filepath.Join(root, d, validate.RecordFile))
+	}
+	tf := filepath.Join(root, "tasks/demo/minirl-0001/task.yaml")
+	data, _ := os.ReadFile(tf)
+	edited := strings.Replace(string(data), "gpus: {count: 0", "gpus: {count: "+string(rune('0'+gpus)), 1)
+	if edited == string(data) && gpus > 0 {
+		t.Fatalf("%s: no gpus line to edit", tf)
+	}
+	os.WriteFile(tf, []byte(edited), 0o644)
+	tk, err := task.Load(filepath.Dir(tf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := probe.Load(filepath.Join(root, "probes/demo/minirl-0001"), tk.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tk, ps
+}
+
+// A task needing more GPUs than validation has gets the task check and nothing else; its
+// record says gpu-pending, which a stale or missing record, or a cpu one, is not.
+func TestTaskNeedingGPUsIsPendingWithoutThem(t *testing.T) {
+	tk, ps := gpuTask(t, 2)
+	in := runner.Inputs{Task: tk, Probes: ps}
+	f := &fakeRunner{}
+	rep, err := validate.Task(context.Background(), f, in, nil, []byte("gold"), validate.Options{Out: t.TempDir(), GPUs: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Pending || !rep.OK() || f.checks != 1 || len(f.runs) != 0 {
+		t.Fatalf("2 GPUs needed, 1 given: pending %v ok %v checks %d runs %v; want pending after the task check alone", rep.Pending, rep.OK(), f.checks, f.runs)
+	}
+	td, pd, _ := validate.Digests(tk, ps.Dir)
+	rec, err := validate.NewRecord(rep, tk, ps.Dir, td, pd, "sha256:env", "h", "cpu", time.Unix(0, 0))
+	if err != nil || rec.Status != "gpu-pending" {
+		t.Fatalf("record of a pending validation: %+v, %v; want status gpu-pending", rec, err)
+	}
+	if err := validate.WriteRecord(ps.Dir, rec); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := validate.CheckRecord(tk, ps.Dir, "sha256:env"); err != nil || p != "" {
+		t.Fatalf("current gpu-pending record: %q, %v", p, err)
+	}
+	if p, _ := validate.CheckRecord(tk, ps.Dir, "sha256:other"); !strings.Contains(p, "stale: environment") {
+		t.Errorf("record for another environment: %q; want stale naming the environment", p)
+	}
+
+	// The task check's fault is a fault, not a pending task.
+	f = &fakeRunner{fault: "task minirl-0001: the gold patch does not apply"}
+	rep, _ = validate.Task(context.Background(), f, in, nil, []byte("gold"), validate.Options{Out: t.TempDir()})
+	if rep.OK() {
+		t.Fatalf("task check fault: report OK")
+	}
+	if _, err := validate.NewRecord(rep, tk, ps.Dir, td, pd, "sha256:env", "h", "cpu", time.Unix(0, 0)); err == nil {
+		t.Error("a task whose check failed got a record")
+	}
+
+	// With enough GPUs the validation runs in full.
+	f = &fakeRunner{}
+	rep, _ = validate.Task(context.Background(), f, in, nil, []byte("gold"), validate.Options{Out: t.TempDir(), GPUs: 2, Runs: 1})
+	if rep.Pending || len(f.runs) == 0 || f.runs[0] != "gold-1" {
+		t.Fatalf("2 GPUs needed, 2 given: pending %v runs %v; want gold run", rep.Pending, f.runs)
+	}
+	// A full validation of a GPU task without a GPU class is refused; with one it says gpu.
+	full := &validate.Report{Task: tk.ID, GoldRuns: 3, GoldResolved: 3}
+	if _, err := validate.NewRecord(full, tk, ps.Dir, td, pd, "sha256:env", "h", "cpu", time.Unix(0, 0)); err == nil {
+		t.Error("a GPU task validated on hardware \"cpu\" got a record")
+	}
+	rec, err = validate.NewRecord(full, tk, ps.Dir, td, pd, "sha256:env", "h", "gpu:NVIDIA H200 x1", time.Unix(0, 0))
+	if err != nil || rec.Status != "gpu" || rec.Hardware != "gpu:NVIDIA H200 x1" {
+		t.Fatalf("full GPU validation: %+v, %v; want status gpu with the machine class", rec, err)
+	}
+}
+
+// CheckRecord names a missing record and a status the task's GPU needs do not allow.
+func TestCheckRecordNamesTheProblem(t *testing.T) {
+	tk, ps := gpuTask(t, 0)
+	if p, _ := validate.CheckRecord(tk, ps.Dir, "sha256:env"); !strings.Contains(p, "no validation record") {
+		t.Errorf("no record: %q", p)
+	}
+	td, pd, _ := validate.Digests(tk, ps.Dir)
+	// A pending report for a task that needs no GPU is no record.
+	if _, err := validate.NewRecord(&validate.Report{Task: tk.ID, Pending: true}, tk, ps.Dir, td, pd, "sha256:env", "h", "cpu", time.Unix(0, 0)); err == nil {
+		t.Error("a CPU task got a gpu-pending record")
+	}
+	rec, _ := validate.NewRecord(&validate.Report{Task: tk.ID, GoldRuns: 3, GoldResolved: 3}, tk, ps.Dir, td, pd, "sha256:env", "h", "cpu", time.Unix(0, 0))
+	rec.Status = "gpu-pending" // as a hand edit would
+	validate.WriteRecord(ps.Dir, rec)
+	if p, _ := validate.CheckRecord(tk, ps.Dir, "sha256:env"); !strings.Contains(p, `field status: "gpu-pending", but the task needs 0 GPU(s)`) {
+		t.Errorf("gpu-pending record of a CPU task: %q", p)
+	}
+}
+
+func (f *fakeRunner) Digests(runner.Inputs) (result.Inputs, error) { return result.Inputs{}, nil }

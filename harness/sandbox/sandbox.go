@@ -33,8 +33,9 @@ type Spec struct {
 	Env    []string
 	// Cwd is the working directory inside the sandbox. Default "/".
 	Cwd string
-	// Network gives the host's network; false (the default) gives a namespace with only a
-	// loopback interface that is down.
+	// Network gives the host's network; false (the default) gives a namespace of the
+	// sandbox's own whose only interface is its loopback: processes inside reach each other on
+	// 127.0.0.1 (a process group's store, NCCL's bootstrap, Ray), nothing outside is reachable.
 	Network bool
 	Limits  Limits
 	// Timeout is the wall-clock limit; 0 means none.

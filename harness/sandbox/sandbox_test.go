@@ -268,3 +268,14 @@ func assertNoProcess(t *testing.T, cmdlines ...string) {
 		}
 	}
 }
+
+// TestPrivateLoopback: the sandbox has a loopback of its own, up, so processes inside it can
+// talk to each other (torch.distributed's store, NCCL's bootstrap, Ray) while nothing outside
+// is reachable (TestNoNetwork).
+func TestPrivateLoopback(t *testing.T) {
+	f := newFixture(t)
+	res, out := f.run(t, `(nc -l -p 29500 > /tmp/got &) ; sleep 0.5; echo over-loopback | nc -w 2 127.0.0.1 29500; sleep 0.5; cat /tmp/got`, nil)
+	if res.ExitCode != 0 || !strings.Contains(out, "over-loopback") {
+		t.Fatalf("exit %d, output %q: two processes in the sandbox could not talk over 127.0.0.1", res.ExitCode, out)
+	}
+}

@@ -63,8 +63,9 @@ func Interfaces(t *task.Task, ps *probe.Set) ([]string, error) {
 		}
 		for _, m := range importRe.FindAllStringSubmatch(string(src), -1) {
 			for _, n := range strings.Split(m[1], ",") {
-				if n = strings.TrimSpace(strings.Fields(n + " ")[0]); n != "" {
-					used[n] = true
+				// "name" or "name as alias"; a trailing comma leaves an empty part.
+				if f := strings.Fields(n); len(f) > 0 {
+					used[f[0]] = true
 				}
 			}
 		}

@@ -50,12 +50,27 @@ func TestInstructionsNameProbedInterfaces(t *testing.T) {
 
 // TestMissingNameIsReported: an instruction that leaves out a probed interface fails.
 func TestMissingNameIsReported(t *testing.T) {
+	tk, ps := withoutTrainSteps(t, nil)
+	if err := suite.CheckInstruction(tk, ps); err == nil || !strings.Contains(err.Error(), "train_steps") {
+		t.Errorf("CheckInstruction() = %v, want it to name train_steps", err)
+	}
+}
+
+// withoutTrainSteps copies minitron-0002 and its probes, edits the probe module with edit (when
+// not nil) and removes the name train_steps from the instruction.
+func withoutTrainSteps(t *testing.T, edit func([]byte) []byte) (*task.Task, *probe.Set) {
+	t.Helper()
 	root := testenv.RepoRoot(t)
 	work := t.TempDir()
 	for _, d := range []string{"tasks/demo/minitron-0002", "probes/demo/minitron-0002"} {
 		if err := os.CopyFS(filepath.Join(work, d), os.DirFS(filepath.Join(root, d))); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if edit != nil {
+		probeFile := filepath.Join(work, "probes/demo/minitron-0002/test_probes.py")
+		src, _ := os.ReadFile(probeFile)
+		os.WriteFile(probeFile, edit(src), 0o644)
 	}
 	instr := filepath.Join(work, "tasks/demo/minitron-0002/instruction.md")
 	data, _ := os.ReadFile(instr)
@@ -68,7 +83,17 @@ func TestMissingNameIsReported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return tk, ps
+}
+
+// TestParenthesizedImportsAreRead: a probe importing names in parentheses, one per line with a
+// trailing comma and an alias, has every name read (and the check does not fail on the empty
+// part after the last comma).
+func TestParenthesizedImportsAreRead(t *testing.T) {
+	tk, ps := withoutTrainSteps(t, func(src []byte) []byte {
+		return append([]byte("from minitron.train import (\n    train_steps as _steps,\n    os,\n)\n"), src...)
+	})
 	if err := suite.CheckInstruction(tk, ps); err == nil || !strings.Contains(err.Error(), "train_steps") {
-		t.Errorf("CheckInstruction() = %v, want it to name train_steps", err)
+		t.Errorf("CheckInstruction() = %v, want it to name train_steps (imported in parentheses)", err)
 	}
 }

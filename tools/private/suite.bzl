@@ -7,6 +7,9 @@ TASKS = {
     "megatron-0002": "upstream:tasks/megatron/megatron-0002",
     "megatron-0003": "upstream:tasks/megatron/megatron-0003",
     "megatron-0004": "upstream:tasks/megatron/megatron-0004",
+    "megatron-0005": "upstream:tasks/megatron/megatron-0005",
+    "megatron-0006": "upstream:tasks/megatron/megatron-0006",
+    "megatron-0007": "upstream:tasks/megatron/megatron-0007",
     "minirl-0001": "//tasks/demo/minirl-0001:gold.patch",
     "minirl-0002": "//tasks/demo/minirl-0002:gold.patch",
     "minirl-0003": "//tasks/demo/minirl-0003:gold.patch",
@@ -21,11 +24,18 @@ TASKS = {
     "pagedinfer-0004": "//tasks/demo/pagedinfer-0004:gold.patch",
     "verl-0001": "upstream:tasks/verl/verl-0001",
     "verl-0002": "upstream:tasks/verl/verl-0002",
+    "verl-0003": "upstream:tasks/verl/verl-0003",
+    "verl-0004": "upstream:tasks/verl/verl-0004",
+    "verl-0005": "upstream:tasks/verl/verl-0005",
+    "verl-0006": "upstream:tasks/verl/verl-0006",
     "vllm-0001": "upstream:tasks/vllm/vllm-0001",
     "vllm-0002": "upstream:tasks/vllm/vllm-0002",
     "vllm-0003": "upstream:tasks/vllm/vllm-0003",
     "vllm-0004": "upstream:tasks/vllm/vllm-0004",
+    "vllm-0005": "upstream:tasks/vllm/vllm-0005",
+    "vllm-0006": "upstream:tasks/vllm/vllm-0006",
+    "vllm-0007": "upstream:tasks/vllm/vllm-0007",
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:f9bca331450eec530c9090281cf0d019681553f440ec9d1ea2003f62bca5c41d"
+HARNESS_DIGEST = "sha256:7bdaa0f294579b6b9f8838b5b5010bc1d36aa16fdae91b6613aaa8d669e5c3c3"

@@ -117,10 +117,11 @@ def pool(n):
     return RayResourcePool([n], use_gpu=False, max_colocate_count=1)
 
 
-def alive_actors():
+def known_actors():
+    # every actor the cluster knows of, whatever its state
     from ray._private import state
 
-    return sorted(k for k, v in state.actors().items() if v.get("State") == "ALIVE")
+    return sorted(state.actors())
 """
 
 
@@ -172,17 +173,15 @@ try:
 
     cia = RayClassWithInitArgs(cls=ray.remote(Hybrid))
     cia.fused_worker_used = True
-    before = alive_actors()
     wg = RayWorkerGroup(resource_pool=pool(3), ray_cls_with_init=cia)
-    created = alive_actors()
     wg.fuse(["actor", "critic", "ref"])
+    res = {"who": wg.whoami(), "world": wg.world_size}
+    created = known_actors()
     roles = wg.spawn(prefix_set=["ref", "critic", "actor"])
-    after = alive_actors()
-    res = {"who": wg.whoami(), "world": wg.world_size,
-           "fused": {n: getattr(wg, n).where() for n in ("actor", "critic", "ref")},
-           "spawned": {n: roles[n].where() for n in ("actor", "critic", "ref")},
-           "role_world": {n: roles[n].world_size for n in ("actor", "critic", "ref")},
-           "new_actors": len(set(created) - set(before)), "extra_actors": sorted(set(after) - set(created))}
+    res["fused"] = {n: getattr(wg, n).where() for n in ("actor", "critic", "ref")}
+    res["spawned"] = {n: roles[n].where() for n in ("actor", "critic", "ref")}
+    res["role_world"] = {n: roles[n].world_size for n in ("actor", "critic", "ref")}
+    res["extra_actors"] = sorted(set(known_actors()) - set(created))
     emit(**res)
 finally:
     ray.shutdown()
@@ -192,8 +191,8 @@ finally:
         f"the fused workers report ranks/world sizes {[(w['rank'], w['world']) for w in who]}")
     assert len({w["pid"] for w in who}) == 3, f"the 3 ranks run in processes {[w['pid'] for w in who]}"
     assert out["extra_actors"] == [], (
-        f"fuse() and spawn() on a fused worker group started {len(out['extra_actors'])} more Ray actors; "
-        f"they must reuse the group's workers")
+        f"spawn() on a fused worker group (after fuse()) started {len(out['extra_actors'])} more Ray actors; "
+        f"role groups must reuse the group's workers")
     for how in ("fused", "spawned"):
         for name in ("actor", "critic", "ref"):
             for r, w in enumerate(out[how][name]):
@@ -297,15 +296,16 @@ try:
 finally:
     ray.shutdown()
 """, {"dir": workdir(), "spec": spec}, timeout=600)
-    for key, want in (("head_actor", {"role": "actor", "rank": 0, "value": 10}),
-                      ("head_critic", {"role": "critic", "rank": 0, "value": -6})):
-        assert out[key] == want, (
-            f"{key.replace('_', ' role ')} (Execute.RANK_ZERO): got {out[key]}; want one result, from rank 0 of "
-            f"that role: {want}")
-    for key, sign, base in (("shift_actor", 1, 1), ("shift_critic", -1, 10)):
+    for role, want in (("actor", {"role": "actor", "rank": 0, "value": 10}),
+                       ("critic", {"role": "critic", "rank": 0, "value": -6})):
+        got = out["head_" + role]
+        assert got == want, (
+            f"the {role} group's head() (Execute.RANK_ZERO) gave {got}; want one result, from rank 0 of the "
+            f"{role} role: {want}")
+    for role, sign, base in (("actor", 1, 1), ("critic", -1, 10)):
         want = [sign * (base + 100 * (i // 3)) for i in range(6)]
-        assert out[key] == want, (
-            f"{key.replace('_', ' role ')} (Dispatch.DP_COMPUTE_PROTO over 2 ranks): {out[key]}, want {want}")
+        got = out["shift_" + role]
+        assert got == want, f"the {role} group's shift() (Dispatch.DP_COMPUTE_PROTO over 2 ranks): {got}, want {want}"
     assert out["scaled_actor"] == [10 * 2 + 0, 20 * 2 + 1], f"actor scaled (ALL_TO_ALL): {out['scaled_actor']}"
     assert out["scaled_critic"] == [-10 * 3 + 0, -20 * 3 + 1], f"critic scaled (ALL_TO_ALL): {out['scaled_critic']}"
     got = out["later_critic"]

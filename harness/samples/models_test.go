@@ -111,7 +111,8 @@ func TestRealSliceModels(t *testing.T) {
 	}
 	var upstream []string
 	for id, src := range sources {
-		if src.Task.Upstream() {
+		// The slice is what evaluates here: the upstream tasks whose attempts need no GPU.
+		if src.Task.Upstream() && src.Task.Resources.GPUs.Count == 0 {
 			upstream = append(upstream, id)
 		}
 	}

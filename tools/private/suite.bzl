@@ -38,4 +38,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:7bdaa0f294579b6b9f8838b5b5010bc1d36aa16fdae91b6613aaa8d669e5c3c3"
+HARNESS_DIGEST = "sha256:b4124f27fcd74b328552063163df80865f20b3690c03e862df39ce4a97254210"

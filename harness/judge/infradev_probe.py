@@ -267,6 +267,90 @@ def _array(spec):
     return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
 
 
+# Driver code for probes whose scenario needs several ranks (one process per GPU, or per CPU
+# rank with cuda=False): prepend it to the driver (``run(RANKS_PRELUDE + DRIVER, ...)``) and call
+# ``spawn_ranks(world, fn, payload, timeout)``. Each rank is forked from the driver (which must
+# not have touched CUDA), gets the usual RANK/WORLD_SIZE/MASTER_* variables and, with cuda=True,
+# its own device, and runs ``fn(rank, world, port, payload)``; the values come back in rank
+# order. A rank that raises, dies or hangs fails the whole scenario with the rank named.
+RANKS_PRELUDE = r"""
+import multiprocessing as _rk_mp
+import os as _rk_os
+import queue as _rk_queue
+import socket as _rk_socket
+import time as _rk_time
+import traceback as _rk_traceback
+
+
+def free_port():
+    s = _rk_socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _rank_entry(rank, world, port, fn, payload, q, cuda):
+    try:
+        _rk_os.environ.update({
+            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        })
+        if cuda:
+            import torch
+            if torch.cuda.device_count() < world:
+                raise RuntimeError("this probe needs %d GPUs, %d visible" % (world, torch.cuda.device_count()))
+            torch.cuda.set_device(rank)
+        value = fn(rank, world, port, payload)
+        q.put((rank, True, value))
+    except BaseException:
+        q.put((rank, False, _rk_traceback.format_exc()))
+    q.close()
+    q.join_thread()
+    _rk_os._exit(0)
+
+
+def spawn_ranks(world, fn, payload, timeout, *, cuda=True):
+    ctx = _rk_mp.get_context("fork")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank_entry, args=(r, world, port, fn, payload, q, cuda), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    got = {}
+    deadline = _rk_time.monotonic() + timeout
+    try:
+        while len(got) < world:
+            left = deadline - _rk_time.monotonic()
+            if left <= 0:
+                missing = sorted(set(range(world)) - set(got))
+                raise TimeoutError("ranks %s did not finish within %ss" % (missing, timeout))
+            try:
+                rank, ok, value = q.get(timeout=min(left, 5.0))
+            except _rk_queue.Empty:
+                dead = [r for r, p in enumerate(procs) if r not in got and not p.is_alive()]
+                if not dead:
+                    continue
+                try:
+                    rank, ok, value = q.get(timeout=5.0)
+                except _rk_queue.Empty:
+                    raise RuntimeError("ranks %s died without a result (exit codes %s)"
+                                       % (dead, [procs[r].exitcode for r in dead])) from None
+            if not ok:
+                raise RuntimeError("rank %d raised:\n%s" % (rank, value))
+            got[rank] = value
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(timeout=10)
+    return [got[r] for r in range(world)]
+"""
+
+
 # The child's side: read the driver and its args from stdin, run it, send the emitted values
 # (or the traceback) through the result pipe. It runs inside the code under test's process, so
 # nothing here is trusted: the judge checks what arrives.

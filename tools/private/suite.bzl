@@ -38,4 +38,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:b4124f27fcd74b328552063163df80865f20b3690c03e862df39ce4a97254210"
+HARNESS_DIGEST = "sha256:5f6e33874feaa6693ce3897851c17b6d6fb09893f5ccf67c4bfa41c24c1c54ed"

@@ -88,3 +88,50 @@ def test_the_judge_cannot_import_the_repository():
             import pkg  # noqa: F401
     finally:
         sys.path.remove(probe.repo())
+
+
+def test_ranks_come_back_in_rank_order():
+    got = probe.run(probe.RANKS_PRELUDE + """
+import os
+
+def rank(r, world, port, payload):
+    return {"rank": int(os.environ["RANK"]), "world": int(os.environ["WORLD_SIZE"]),
+            "port": port, "value": payload["k"] * r}
+
+emit(ranks=spawn_ranks(ARGS["world"], rank, ARGS, 60, cuda=False))
+""", {"world": 3, "k": 7}, timeout=120)
+    ranks = got["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1, 2]
+    assert [r["value"] for r in ranks] == [0, 7, 14]
+    assert {r["world"] for r in ranks} == {3} and len({r["port"] for r in ranks}) == 1
+
+
+@pytest.mark.parametrize("body, message", [
+    ("raise ValueError('bad shard %d' % r) if r == 1 else None", "rank 1 raised"),
+    ("os._exit(9) if r == 2 else None", "ranks [2] died without a result (exit codes [9])"),
+    ("time.sleep(60) if r == 0 else None", "ranks [0] did not finish within 3s"),
+])
+def test_a_failing_rank_fails_the_scenario_by_name(body, message):
+    with pytest.raises(probe.ChildFailed) as info:
+        probe.run(probe.RANKS_PRELUDE + f"""
+import os, time
+
+def rank(r, world, port, payload):
+    {body}
+    return r
+
+emit(ranks=spawn_ranks(3, rank, None, 3, cuda=False))
+""", timeout=120)
+    assert message in str(info.value)
+
+
+def test_a_cuda_rank_needs_its_gpu():
+    with pytest.raises(probe.ChildFailed) as info:
+        probe.run(probe.RANKS_PRELUDE + """
+import sys, types
+torch = types.ModuleType("torch")
+torch.cuda = types.SimpleNamespace(device_count=lambda: 0, set_device=lambda i: None)
+sys.modules["torch"] = torch
+emit(ranks=spawn_ranks(2, lambda r, w, p, a: r, None, 30))
+""", timeout=120)
+    assert "this probe needs 2 GPUs, 0 visible" in str(info.value)

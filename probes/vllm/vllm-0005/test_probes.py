@@ -13,87 +13,15 @@ import random
 
 import numpy as np
 
-from infradev_probe import run
+from infradev_probe import RANKS_PRELUDE, run
 
 _DRIVER = r'''
 import asyncio
 import datetime
 import os
-import queue
-import socket
 import time
-import traceback
-import multiprocessing as mp
 
 import torch
-
-
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def _entry(rank, world, port, fn, payload, q):
-    try:
-        os.environ.update({
-            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        })
-        if torch.cuda.device_count() < world:
-            raise RuntimeError(f"this probe needs {world} GPUs, {torch.cuda.device_count()} visible")
-        torch.cuda.set_device(rank)
-        value = fn(rank, world, payload)
-        q.put((rank, True, value))
-    except BaseException:
-        q.put((rank, False, traceback.format_exc()))
-    q.close()
-    q.join_thread()
-    os._exit(0)
-
-
-def spawn(world, fn, payload, timeout):
-    # Nothing touches CUDA in this process: the ranks are forked from it.
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, fn, payload, q), daemon=True)
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    got = {}
-    deadline = time.monotonic() + timeout
-    try:
-        while len(got) < world:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                missing = sorted(set(range(world)) - set(got))
-                raise TimeoutError(f"ranks {missing} did not finish within {timeout}s (hung transfer?)")
-            try:
-                rank, ok, value = q.get(timeout=min(left, 5.0))
-            except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if r not in got and not p.is_alive()]
-                if dead:
-                    try:
-                        rank, ok, value = q.get(timeout=2.0)
-                    except queue.Empty:
-                        raise RuntimeError(f"ranks {dead} died without a result "
-                                           f"(exit codes {[procs[r].exitcode for r in dead]})")
-                else:
-                    continue
-            if not ok:
-                raise RuntimeError(f"rank {rank} raised:\n{value}")
-            got[rank] = value
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        for p in procs:
-            p.join(timeout=10)
-    return [got[r] for r in range(world)]
 
 
 def init(rank, world):
@@ -143,7 +71,7 @@ def apply(plan, new, weights, buf, ep, layer):
 
 # ---- scenarios ----
 
-def placements(rank, world, args):
+def placements(rank, world, port, args):
     import torch.distributed as dist
     dev, cpu = init(rank, world)
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])] if world == 4 else None
@@ -173,7 +101,7 @@ def placements(rank, world, args):
     return out
 
 
-def on_stream(rank, world, args):
+def on_stream(rank, world, port, args):
     import torch.distributed as dist
     dev, cpu = init(rank, world)
     ep = dist.group.WORLD
@@ -221,7 +149,7 @@ def on_stream(rank, world, args):
             "waited": waited}
 
 
-def memory(rank, world, args):
+def memory(rank, world, port, args):
     import torch.distributed as dist
     dev, cpu = init(rank, world)
     ep = dist.group.WORLD
@@ -262,13 +190,13 @@ SCENARIOS = {"placements": placements, "on_stream": on_stream, "memory": memory}
 if ARGS["scenario"] == "config":
     emit(config=config(ARGS))
 else:
-    emit(ranks=spawn(ARGS["world"], SCENARIOS[ARGS["scenario"]], ARGS, ARGS["timeout"]))
+    emit(ranks=spawn_ranks(ARGS["world"], SCENARIOS[ARGS["scenario"]], ARGS, ARGS["timeout"]))
 '''
 
 
 def _drive(scenario, world, timeout=240, **args):
     args.update(scenario=scenario, world=world, timeout=timeout)
-    return run(_DRIVER, args, timeout=timeout + 60)
+    return run(RANKS_PRELUDE + _DRIVER, args, timeout=timeout + 60)
 
 
 # ---- the judge's own placements and references ----

@@ -12,7 +12,7 @@ import functools
 
 import numpy as np
 
-from infradev_probe import run
+from infradev_probe import RANKS_PRELUDE, run
 
 # ---- the judge's reference: tensors, their bytes, and the chunking rule ----
 
@@ -234,36 +234,8 @@ emit(producer_peak=producer[0], producer_kept=producer[1], producer_sent=sum(pro
 
 
 def _e2e_driver():
-    return _DRIVER_COMMON + r'''
-import os
-import queue
-import socket
-import time
-import traceback
+    return RANKS_PRELUDE + _DRIVER_COMMON + r'''
 import types
-import multiprocessing as mp
-
-
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def _entry(rank, world, port, payload, q):
-    try:
-        if torch.cuda.device_count() < world:
-            raise RuntimeError(f"this probe needs {world} GPUs, {torch.cuda.device_count()} visible")
-        torch.cuda.set_device(rank)
-        value = trainer(port, payload) if rank == 0 else receiver(rank, port, payload)
-        q.put((rank, True, value))
-    except BaseException:
-        q.put((rank, False, traceback.format_exc()))
-    q.close()
-    q.join_thread()
-    os._exit(0)
 
 
 def trainer(port, args):
@@ -310,47 +282,11 @@ def receiver(rank, port, args):
     return out
 
 
-def spawn(world, payload, timeout):
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, payload, q), daemon=True)
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    got = {}
-    deadline = time.monotonic() + timeout
-    try:
-        while len(got) < world:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                missing = sorted(set(range(world)) - set(got))
-                raise TimeoutError(f"ranks {missing} did not finish within {timeout}s "
-                                   f"(a rank that never joined the group?)")
-            try:
-                rank, ok, value = q.get(timeout=min(left, 5.0))
-            except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if r not in got and not p.is_alive()]
-                if dead:
-                    try:
-                        rank, ok, value = q.get(timeout=5.0)
-                    except queue.Empty:
-                        raise RuntimeError(f"ranks {dead} died without a result") from None
-                else:
-                    continue
-            if not ok:
-                raise RuntimeError(f"rank {rank} raised:\n{value}")
-            got[rank] = value
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        for p in procs:
-            p.join(timeout=10)
-    return [got[r] for r in range(world)]
+def rank_main(rank, world, port, args):
+    return trainer(port, args) if rank == 0 else receiver(rank, port, args)
 
 
-emit(ranks=spawn(ARGS["world"], ARGS, ARGS["timeout"]))
+emit(ranks=spawn_ranks(ARGS["world"], rank_main, ARGS, ARGS["timeout"]))
 '''
 
 

@@ -13,86 +13,15 @@ import functools
 
 import numpy as np
 
-from infradev_probe import run
+from infradev_probe import RANKS_PRELUDE, run
 
-_SPAWN = r'''
+_SPAWN = RANKS_PRELUDE + r'''
 import datetime
 import os
-import queue
-import socket
 import time
-import traceback
 import types
-import multiprocessing as mp
 
 import torch
-
-
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def _entry(rank, world, port, fn, payload, q):
-    try:
-        os.environ.update({
-            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        })
-        if torch.cuda.device_count() < world:
-            raise RuntimeError(f"this probe needs {world} GPUs, {torch.cuda.device_count()} visible")
-        torch.cuda.set_device(rank)
-        value = fn(rank, world, port, payload)
-        q.put((rank, True, value))
-    except BaseException:
-        q.put((rank, False, traceback.format_exc()))
-    q.close()
-    q.join_thread()
-    os._exit(0)
-
-
-def spawn(world, fn, payload, timeout):
-    # Nothing touches CUDA in this process: the ranks are forked from it.
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, fn, payload, q), daemon=True)
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    got = {}
-    deadline = time.monotonic() + timeout
-    try:
-        while len(got) < world:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                missing = sorted(set(range(world)) - set(got))
-                raise TimeoutError(f"ranks {missing} did not finish within {timeout}s")
-            try:
-                rank, ok, value = q.get(timeout=min(left, 5.0))
-            except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if r not in got and not p.is_alive()]
-                if dead:
-                    try:
-                        rank, ok, value = q.get(timeout=5.0)
-                    except queue.Empty:
-                        raise RuntimeError(f"ranks {dead} died without a result") from None
-                else:
-                    continue
-            if not ok:
-                raise RuntimeError(f"rank {rank} raised:\n{value}")
-            got[rank] = value
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        for p in procs:
-            p.join(timeout=10)
-    return [got[r] for r in range(world)]
 
 
 def expert_row(layer, logical, k, cols):
@@ -139,7 +68,7 @@ def traffic(rank, world, port, args):
     return {"batches": batches, "weights": [w.cpu().numpy() for w in weights[0]]}
 
 
-emit(ranks=spawn(4, traffic, ARGS, 240))
+emit(ranks=spawn_ranks(4, traffic, ARGS, 240))
 '''
 
 _STATE = _SPAWN + r'''
@@ -206,7 +135,7 @@ def state_flow(rank, world, port, args):
     }
 
 
-emit(ranks=spawn(2, state_flow, ARGS, 240))
+emit(ranks=spawn_ranks(2, state_flow, ARGS, 240))
 '''
 
 _POLICY = r'''

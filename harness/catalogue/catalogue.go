@@ -120,10 +120,27 @@ func Markdown(rows []Row) []byte {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | %d | %d / %d | %s |\n", cell(r.ID), cell(up), cell(r.Kind),
 			cell(strings.Join(r.Categories, ", ")), r.Probes, r.FailToPass, r.GPUs, r.PoolGPUs, cell(r.Status))
 	}
-	c := Count(rows)
-	fmt.Fprintf(&b, "\n%d tasks. By project: %s. By GPUs here: %s. By GPUs on a pool: %s. Probe categories (tasks with one): %s. Status: %s.\n",
-		len(rows), summary(c.Project), summary(c.GPUs), summary(c.PoolGPUs), summary(c.Category), summary(c.Status))
-	return b.Bytes()
+	var upstream, demo []Row
+	for _, r := range rows {
+		if r.Upstream != "" {
+			upstream = append(upstream, r)
+		} else {
+			demo = append(demo, r)
+		}
+	}
+	b.WriteString("\n")
+	for _, g := range []struct {
+		name string
+		rows []Row
+	}{{"Upstream tasks", upstream}, {"Demo tasks", demo}} {
+		if len(g.rows) == 0 {
+			continue
+		}
+		c := Count(g.rows)
+		fmt.Fprintf(&b, "%s: %d. By project: %s. By GPUs here: %s. By GPUs on a pool: %s. Probe categories (tasks with one): %s. Status: %s.\n\n",
+			g.name, len(g.rows), summary(c.Project), summary(c.GPUs), summary(c.PoolGPUs), summary(c.Category), summary(c.Status))
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
 // Markers delimit the generated table in a Markdown file.

@@ -174,8 +174,21 @@ func TestSplice(t *testing.T) {
 	if !strings.Contains(md, `| a \| b c |`) || strings.Count(md, "\n| x-0001") != 1 {
 		t.Fatalf("cell escaping:\n%s", md)
 	}
-	if !strings.Contains(md, "1 tasks. By project: x 1.") {
+	if !strings.Contains(md, "Demo tasks: 1. By project: x 1.") || strings.Contains(md, "Upstream tasks") {
 		t.Fatalf("summary:\n%s", md)
+	}
+	md = string(catalogue.Markdown([]catalogue.Row{
+		{ID: "u-0001", Project: "u", Upstream: "o/u@0123456789ab", GPUs: 2, PoolGPUs: 4, Categories: []string{"state", "time"}, Status: "gpu-pending"},
+		{ID: "u-0002", Project: "u", Upstream: "o/u@ba9876543210", PoolGPUs: 1, Categories: []string{"state"}, Status: "cpu"},
+		{ID: "x-0001", Project: "x", Categories: []string{"time"}, Status: "stale (probes)"},
+	}))
+	for _, want := range []string{
+		"Upstream tasks: 2. By project: u 2. By GPUs here: 0 1, 2 1. By GPUs on a pool: 1 1, 4 1. Probe categories (tasks with one): state 2, time 1. Status: cpu 1, gpu-pending 1.\n",
+		"Demo tasks: 1. By project: x 1. By GPUs here: 0 1. By GPUs on a pool: 0 1. Probe categories (tasks with one): time 1. Status: stale 1.\n",
+	} {
+		if !strings.Contains(md, want) {
+			t.Fatalf("summary lacks %q:\n%s", want, md)
+		}
 	}
 }
 

@@ -38,4 +38,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:5f6e33874feaa6693ce3897851c17b6d6fb09893f5ccf67c4bfa41c24c1c54ed"
+HARNESS_DIGEST = "sha256:5238d166859dbedd6cc0b29d93cf668a33bc04ad19ba81833553e8a5ce4f8490"

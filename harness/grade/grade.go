@@ -32,6 +32,15 @@ type Raw struct {
 	Log           string
 	// GPUPeakMemory is the peak GPU memory the phase used above idle (0 without GPUs).
 	GPUPeakMemory uint64
+	// Ranks holds each rank's report, rank 0 first, when the phase ran as several rank
+	// processes (tests.ranks); JUnit and ReportProblem are then unused.
+	Ranks []RankReport
+}
+
+// RankReport is what one rank's report channel delivered.
+type RankReport struct {
+	JUnit   []byte
+	Problem string
 }
 
 // Expected names the tests a phase must report and, for probes, what each one is.
@@ -104,6 +113,9 @@ func Integrity(findings []tamper.Finding) result.Phase {
 // was not asked for; a report that never arrived or was tampered with is forgery too, unless
 // the test process was killed by a fault signal.
 func Tests(name string, raw Raw, want Expected) result.Phase {
+	if len(raw.Ranks) > 0 {
+		return ranks(name, raw, want)
+	}
 	p := phase(name, raw)
 	switch {
 	case raw.Run.TimedOut:
@@ -512,4 +524,55 @@ func Record(in attempt.Inputs, keys result.Inputs, p result.Phase, out string) (
 	r.SetIdentity(in.Identity())
 	Verdict(r)
 	return r, result.Write(filepath.Join(out, "result.json"), r)
+}
+
+// ranks grades a phase that ran as several rank processes: each rank's report is graded as a
+// phase of its own, and a test passes only if it passed on every rank. The phase takes the
+// most severe status of any rank (the run's timeout and OOM are every rank's; tampered on
+// one rank is tampered), each test the worst
+// outcome any rank gave it, with that rank named in its message.
+func ranks(name string, raw Raw, want Expected) result.Phase {
+	var out result.Phase
+	for r, rep := range raw.Ranks {
+		one := raw
+		one.Ranks, one.JUnit, one.ReportProblem = nil, rep.JUnit, rep.Problem
+		p := Tests(name, one, want)
+		if p.Detail != "" {
+			p.Detail = fmt.Sprintf("rank %d: %s", r, p.Detail)
+		}
+		if r == 0 {
+			out = p
+			for i := range out.Tests {
+				if out.Tests[i].Outcome != result.StatusPassed {
+					out.Tests[i].Message = onRank(0, out.Tests[i].Message)
+				}
+			}
+			continue
+		}
+		if severity(p.Status) > severity(out.Status) {
+			out.Status = p.Status
+		}
+		if p.Detail != "" && !strings.Contains(out.Detail, strings.SplitN(p.Detail, ": ", 2)[1]) {
+			out.Detail = join(out.Detail, p.Detail)
+		}
+		if p.Canaries != nil && len(p.Canaries.Wrong) > 0 && (out.Canaries == nil || len(out.Canaries.Wrong) == 0) {
+			out.Canaries = p.Canaries
+		}
+		for i, t := range p.Tests {
+			if worse[t.Outcome] > worse[out.Tests[i].Outcome] {
+				out.Tests[i].Outcome, out.Tests[i].Message = t.Outcome, onRank(r, t.Message)
+			}
+		}
+	}
+	return out
+}
+
+// worse orders test outcomes: a test is as good as its worst rank.
+var worse = map[string]int{result.StatusPassed: 0, result.StatusSkipped: 1, result.StatusFailed: 2, result.StatusError: 3, "missing": 4}
+
+func onRank(r int, msg string) string {
+	if msg == "" {
+		return fmt.Sprintf("rank %d", r)
+	}
+	return fmt.Sprintf("rank %d: %s", r, msg)
 }

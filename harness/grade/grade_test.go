@@ -225,3 +225,51 @@ func TestTaskFaultsAreDecidedWithoutTheSubmission(t *testing.T) {
 		}
 	}
 }
+
+// TestRanks: a phase run as several rank processes passes only if every rank's report shows
+// every test passed; a test takes its worst rank's outcome, naming the rank; a forged or
+// missing report on any one rank is tampering.
+func TestRanks(t *testing.T) {
+	canaries := map[string]string{"tests/test_a.py::test_c2": "failed"}
+	styles := map[string]string{"tests/test_a.py::test_c2": "unittest"}
+	c2ok := `<testcase classname="tests.test_a" name="test_c2"><failure message="assert 1 == 2"/></testcase>`
+	c2bad := `<testcase classname="tests.test_a" name="test_c2"/>`
+	rep := func(xml []byte) grade.RankReport { return grade.RankReport{JUnit: xml} }
+	cases := []struct {
+		name     string
+		ranks    []grade.RankReport
+		status   string
+		outcomes []string
+		message  string
+	}{
+		{"every rank passed", []grade.RankReport{rep(junit(passA, passB, c2ok)), rep(junit(passA, passB, c2ok))}, result.StatusPassed, []string{"passed", "passed"}, ""},
+		{"one rank failed a test", []grade.RankReport{rep(junit(passA, passB, c2ok)), rep(junit(passA, failB, c2ok))}, result.StatusFailed, []string{"passed", "failed"}, "rank 1: assert 1 == 2"},
+		{"one rank skipped, another errored", []grade.RankReport{rep(junit(passA, skipB, c2ok)), rep(junit(passA, errorB, c2ok)), rep(junit(passA, passB, c2ok))}, result.StatusFailed, []string{"passed", "error"}, "rank 1: boom"},
+		{"a test one rank never reported", []grade.RankReport{rep(junit(passA, passB, c2ok)), rep(junit(passA, c2ok))}, result.StatusFailed, []string{"passed", "missing"}, "rank 1"},
+		{"a forged canary on one rank", []grade.RankReport{rep(junit(passA, passB, c2ok)), rep(junit(passA, passB, c2bad))}, result.StatusTampered, []string{"passed", "passed"}, ""},
+		{"one rank's report did not arrive", []grade.RankReport{rep(junit(passA, passB, c2ok)), {Problem: "the report does not end with the harness's trailer"}}, result.StatusTampered, []string{"missing", "missing"}, "rank 1"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			run := sandbox.Result{ExitCode: 1}
+			p := grade.Tests("tests", grade.Raw{Run: &run, Ranks: c.ranks},
+				grade.Expected{IDs: ids, Canaries: canaries, CanaryStyles: styles, Sealed: true})
+			if p.Status != c.status {
+				t.Errorf("status = %s, want %s (detail %q)", p.Status, c.status, p.Detail)
+			}
+			var got []string
+			for _, o := range p.Tests {
+				got = append(got, o.Outcome)
+			}
+			if diff := cmp.Diff(c.outcomes, got); diff != "" {
+				t.Errorf("outcomes (-want +got):\n%s", diff)
+			}
+			if c.message != "" && p.Tests[1].Message != c.message {
+				t.Errorf("message = %q, want %q", p.Tests[1].Message, c.message)
+			}
+			if c.status == result.StatusTampered && !strings.Contains(p.Detail, "rank 1: ") {
+				t.Errorf("detail %q does not name the rank", p.Detail)
+			}
+		})
+	}
+}

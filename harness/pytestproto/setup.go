@@ -52,6 +52,21 @@ var ApplyCommand = []string{"python3", "-I", InDir + "/apply.py"}
 //go:embed setup/apply.py
 var setupScript []byte
 
+// launchScript starts a test phase as several rank processes (see its doc string).
+//
+//go:embed setup/launch.py
+var launchScript []byte
+
+// Launch is the command that runs args as ranks processes, each with its own report channel
+// (fds 3+2r and 4+2r of the phase, see OpenReportChannel) and the variables torchrun sets;
+// with one rank it is args itself.
+func Launch(ranks int, args []string) []string {
+	if ranks <= 1 {
+		return args
+	}
+	return append([]string{"python3", "-I", InDir + "/launch.py", fmt.Sprint(ranks), "--"}, args...)
+}
+
 // runnerConfig are files that configure the test runner or the interpreter from inside the
 // repository. Wherever they are, they are set to what the official tree has (or removed):
 // a submission's versions could load plugins or hooks that rewrite outcomes.
@@ -126,7 +141,7 @@ func StageApply(dir string, t *task.Task, files []string, patch []byte, c *canar
 
 // StageTests writes the official tests phase's inputs: the report plugin and the ids to run.
 func StageTests(dir string, ids []string) error {
-	return writeFiles(dir, map[string][]byte{ReportPluginName + ".py": reportPlugin,
+	return writeFiles(dir, map[string][]byte{ReportPluginName + ".py": reportPlugin, "launch.py": launchScript,
 		"ids.txt": []byte(strings.Join(ids, "\n") + "\n")})
 }
 

@@ -409,7 +409,7 @@ func (a *attemptEnv) apply(ctx context.Context, out string, patch []byte, c *can
 		return result.Phase{}, nil, err
 	}
 	mounts := []sandbox.Mount{{Source: dir, Dest: inDir, ReadOnly: true}}
-	raw, err := a.run(ctx, out, "apply", a.base, mounts, pytestproto.ApplyCommand, t.Timeouts.ApplyD, false)
+	raw, err := a.run(ctx, out, "apply", a.base, mounts, pytestproto.ApplyCommand, t.Timeouts.ApplyD, 0)
 	if err != nil {
 		return result.Phase{}, nil, err
 	}
@@ -470,7 +470,8 @@ func (a *attemptEnv) tests(ctx context.Context, out, name string, ids []string) 
 		}
 	}
 	args := append(append(pytestproto.Command(nil, ""), pytestproto.Plugins(a.in.Task)...), "--infradev-select="+inDir+"/ids.txt")
-	return a.run(ctx, out, name, a.base, mounts, append(args, files...), a.in.Task.Timeouts.TestsD, true)
+	ranks := max(1, a.in.Task.Tests.Ranks)
+	return a.run(ctx, out, name, a.base, mounts, pytestproto.Launch(ranks, append(args, files...)), a.in.Task.Timeouts.TestsD, ranks)
 }
 
 func (a *attemptEnv) runProbes(ctx context.Context, out string, in Inputs) (result.Phase, error) {
@@ -491,14 +492,14 @@ func (a *attemptEnv) runProbes(ctx context.Context, out string, in Inputs) (resu
 	}
 	phase := result.Phase{Name: "probes", Status: result.StatusPassed}
 	if len(plain) > 0 {
-		raw, err := a.run(ctx, out, "probes", spec, mounts, pytestproto.Command(plain, probesMount), t.Timeouts.ProbesD, true)
+		raw, err := a.run(ctx, out, "probes", spec, mounts, pytestproto.Command(plain, probesMount), t.Timeouts.ProbesD, 1)
 		if err != nil {
 			return phase, err
 		}
 		phase = grade.Tests("probes", raw, grade.Expected{IDs: plain, Probes: infos})
 	}
 	for _, p := range in.Probes.Budgeted() {
-		raw, err := a.run(ctx, out, "probe-"+p.ID, spec, mounts, pytestproto.Command([]string{p.Test}, probesMount), t.Timeouts.ProbesD, true)
+		raw, err := a.run(ctx, out, "probe-"+p.ID, spec, mounts, pytestproto.Command([]string{p.Test}, probesMount), t.Timeouts.ProbesD, 1)
 		if err != nil {
 			return phase, err
 		}
@@ -527,8 +528,9 @@ func (a *attemptEnv) judgeSpec() sandbox.Spec {
 
 // run runs one sandboxed command with the given read-only mounts and a fresh, empty output
 // folder (work/out-<name>), and collects its capped log and, for a sealed phase, the JUnit
-// report that left through the report pipe.
-func (a *attemptEnv) run(ctx context.Context, out, name string, spec sandbox.Spec, mounts []sandbox.Mount, args []string, timeout time.Duration, sealed bool) (grade.Raw, error) {
+// reports that left through the report pipes: reports is 0 for an unsealed phase, 1 for one
+// test process, N for a phase run as N ranks (one channel each, fds 3+2r and 4+2r).
+func (a *attemptEnv) run(ctx context.Context, out, name string, spec sandbox.Spec, mounts []sandbox.Mount, args []string, timeout time.Duration, reports int) (grade.Raw, error) {
 	r := a.r
 	outHost := filepath.Join(a.work, "out-"+name)
 	if err := os.Mkdir(outHost, 0o777); err != nil {
@@ -549,14 +551,17 @@ func (a *attemptEnv) run(ctx context.Context, out, name string, spec sandbox.Spe
 	spec.Args = args
 	spec.Timeout = timeout
 	spec.Stdout, spec.Stderr = log, log
-	var ch *pytestproto.ReportChannel
-	if sealed {
-		if ch, err = pytestproto.OpenReportChannel(); err != nil {
+	var chans []*pytestproto.ReportChannel
+	spec.ExtraFiles = nil
+	for range reports {
+		ch, err := pytestproto.OpenReportChannel()
+		if err != nil {
 			log.Close()
 			return grade.Raw{}, err
 		}
 		defer ch.Close()
-		spec.ExtraFiles = ch.Files()
+		chans = append(chans, ch)
+		spec.ExtraFiles = append(spec.ExtraFiles, ch.Files()...)
 	}
 	spec.Mounts = append(append(append([]sandbox.Mount{}, spec.Mounts...), mounts...),
 		sandbox.Mount{Source: outHost, Dest: outDir})
@@ -568,17 +573,25 @@ func (a *attemptEnv) run(ctx context.Context, out, name string, spec sandbox.Spe
 		return grade.Raw{}, fmt.Errorf("%s phase: %w", name, err)
 	}
 	raw := grade.Raw{Run: run, Log: logRel, GPUPeakMemory: run.GPUPeakMemory}
-	if ch == nil {
-		return raw, nil
+	for r, ch := range chans {
+		var rep grade.RankReport
+		data, err := ch.Report()
+		if err != nil {
+			rep.Problem = err.Error()
+		} else {
+			rep.JUnit = data
+			file := name + ".xml"
+			if len(chans) > 1 {
+				file = fmt.Sprintf("%s.rank%d.xml", name, r)
+			}
+			if err := os.WriteFile(filepath.Join(out, "raw", file), data, 0o644); err != nil {
+				return grade.Raw{}, err
+			}
+		}
+		raw.Ranks = append(raw.Ranks, rep)
 	}
-	data, err := ch.Report()
-	if err != nil {
-		raw.ReportProblem = err.Error()
-		return raw, nil
-	}
-	raw.JUnit = data
-	if err := os.WriteFile(filepath.Join(out, "raw", name+".xml"), data, 0o644); err != nil {
-		return grade.Raw{}, err
+	if len(raw.Ranks) == 1 {
+		raw.JUnit, raw.ReportProblem, raw.Ranks = raw.Ranks[0].JUnit, raw.Ranks[0].Problem, nil
 	}
 	return raw, nil
 }

@@ -474,3 +474,78 @@ func TestGPUFaultIsRetriedOnOtherGPUs(t *testing.T) {
 		t.Errorf("tests phase GPU peak memory = %v, want 3GiB", p)
 	}
 }
+
+// TestRanksEveryRankMustPass runs the official tests as two rank processes (tests.ranks: 2):
+// gold passes on both and each rank's report is kept; a submission that breaks only rank 1
+// fails the official tests, the failure naming rank 1.
+func TestRanksEveryRankMustPass(t *testing.T) {
+	testenv.RequireSandbox(t)
+	tk, ps := testenv.Task(t, "demo", "minitron-0001")
+	c := *tk
+	c.Tests.Ranks = 2
+	r := testenv.Runner(t, nil)
+	gold := []byte(samplePatch(t, "sample/gold"))
+
+	out := t.TempDir()
+	res, err := r.Run(context.Background(), testenv.Inputs(t, &c, ps, gold), out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Resolved {
+		t.Fatalf("gold on two ranks: %s (%s)", res.FailureClass, res.Reason)
+	}
+	for _, f := range []string{"tests.rank0.xml", "tests.rank1.xml"} {
+		if _, err := os.Stat(filepath.Join(out, "raw", f)); err != nil {
+			t.Errorf("rank report: %v", err)
+		}
+	}
+
+	broken := rankBreakingPatch(t, gold)
+	res, err = r.Run(context.Background(), testenv.Inputs(t, &c, ps, broken), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Resolved || res.FailureClass != result.OfficialTestsFailed {
+		t.Fatalf("a submission broken on rank 1: resolved=%v class %s (%s)", res.Resolved, res.FailureClass, res.Reason)
+	}
+	named := false
+	for _, p := range res.Phases {
+		for _, o := range p.Tests {
+			named = named || strings.HasPrefix(o.Message, "rank 1")
+		}
+	}
+	if !named {
+		t.Errorf("no test outcome names rank 1: %+v", res.Phases)
+	}
+}
+
+// rankBreakingPatch is gold plus an import-time failure on rank 1 only.
+func rankBreakingPatch(t *testing.T, gold []byte) []byte {
+	dir := t.TempDir()
+	src := filepath.Join(testenv.RepoRoot(t), "environments/demo/minitron")
+	if out, err := exec.Command("cp", "-a", src+"/.", dir).CombinedOutput(); err != nil {
+		t.Fatalf("copying the demo repository: %v %s", err, out)
+	}
+	git := func(stdin string, args ...string) string {
+		cmd := exec.Command("git", args...)
+		cmd.Dir, cmd.Stdin = dir, strings.NewReader(stdin)
+		cmd.Env = append(os.Environ(), "GIT_CONFIG_GLOBAL=/dev/null", "GIT_CEILING_DIRECTORIES="+filepath.Dir(dir))
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	git("", "init", "-q")
+	git("", "add", "-A")
+	git("", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+	git(string(gold), "apply")
+	f, err := os.OpenFile(filepath.Join(dir, "minitron", "__init__.py"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString("\nimport os as _os\nif _os.environ.get(\"RANK\") == \"1\":\n    raise ImportError(\"broken on rank 1\")\n")
+	f.Close()
+	git("", "add", "-A")
+	return []byte(git("", "diff", "--cached", "--binary"))
+}

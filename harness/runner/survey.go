@@ -48,7 +48,7 @@ func (r *Runner) Survey(ctx context.Context, in Inputs, files, deselect []string
 		args = append(args, "--deselect", d)
 	}
 	raw, err := a.run(ctx, out, "survey", a.base, []sandbox.Mount{{Source: dir, Dest: inDir, ReadOnly: true}},
-		append(args, files...), in.Task.Timeouts.TestsD, true)
+		append(args, files...), in.Task.Timeouts.TestsD, 1)
 	if err != nil {
 		return nil, err
 	}

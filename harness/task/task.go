@@ -105,7 +105,15 @@ type Tests struct {
 	// Plugins are pytest plugins (module names) the official tests need; plugin autoload is
 	// off, so each is loaded with -p.
 	Plugins []string `yaml:"plugins"`
+	// Ranks runs the official tests as that many processes on the machine, each with RANK,
+	// LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as `torchrun --standalone
+	// --nproc_per_node` does (0 or 1: one process). A test passes only if it passed on every
+	// rank. With GPUs, each rank uses one: ranks may not exceed resources.gpus.count.
+	Ranks int `yaml:"ranks"`
 }
+
+// MaxRanks bounds tests.ranks.
+const MaxRanks = 64
 
 // IDs returns every official test id, fail-to-pass first.
 func (t Tests) IDs() []string { return append(slices.Clone(t.FailToPass), t.PassToPass...) }
@@ -231,6 +239,11 @@ func (t *Task) check(d *specfile.Doc) {
 		if !pluginRe.MatchString(p) {
 			d.Errorf(fmt.Sprintf("tests.plugins[%d]", i), "must be a module name, got %q", p)
 		}
+	}
+	if t.Tests.Ranks < 0 || t.Tests.Ranks > MaxRanks {
+		d.Errorf("tests.ranks", "must be between 1 and %d (absent: one process), got %d", MaxRanks, t.Tests.Ranks)
+	} else if g := t.Resources.GPUs.Count; g > 0 && t.Tests.Ranks > g {
+		d.Errorf("tests.ranks", "%d ranks need a GPU each, but resources.gpus.count is %d", t.Tests.Ranks, g)
 	}
 	if t.Tests.Runner != "pytest" {
 		d.Errorf("tests.runner", "must be \"pytest\", got %q", t.Tests.Runner)

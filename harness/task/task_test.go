@@ -136,3 +136,36 @@ func TestTypeErrorsNameTheField(t *testing.T) {
 		t.Errorf("error = %v, want it at task.yaml:17: resources.cpus", err)
 	}
 }
+
+func TestRanks(t *testing.T) {
+	withRanks := func(ranks, gpus string) string {
+		y := strings.Replace(goodYAML, "  pass_to_pass: [tests/test_a.py::TestOld::test_kept]\n",
+			"  pass_to_pass: [tests/test_a.py::TestOld::test_kept]\n  ranks: "+ranks+"\n", 1)
+		return strings.Replace(y, "gpus: {count: 0}", "gpus: {count: "+gpus+"}", 1)
+	}
+	for _, c := range []struct{ ranks, gpus, err string }{
+		{"4", "4", ""},
+		{"2", "0", ""}, // CPU ranks (gloo)
+		{"8", "4", "task.yaml:17: tests.ranks: 8 ranks need a GPU each, but resources.gpus.count is 4"},
+		{"-1", "0", "task.yaml:17: tests.ranks: must be between 1 and 64 (absent: one process), got -1"},
+		{"65", "0", "task.yaml:17: tests.ranks: must be between 1 and 64"},
+	} {
+		tk, err := task.Load(writeTask(t, withRanks(c.ranks, c.gpus)))
+		switch {
+		case c.err == "" && err != nil:
+			t.Errorf("ranks %s, gpus %s: %v", c.ranks, c.gpus, err)
+		case c.err == "" && tk.Tests.Ranks != atoi(c.ranks):
+			t.Errorf("ranks %s read as %d", c.ranks, tk.Tests.Ranks)
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("ranks %s, gpus %s: error %v, want %q", c.ranks, c.gpus, err, c.err)
+		}
+	}
+}
+
+func atoi(s string) int {
+	n := 0
+	for _, c := range s {
+		n = n*10 + int(c-'0')
+	}
+	return n
+}

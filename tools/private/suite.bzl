@@ -38,4 +38,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:5238d166859dbedd6cc0b29d93cf668a33bc04ad19ba81833553e8a5ce4f8490"
+HARNESS_DIGEST = "sha256:c6236f7d5014527de6fe07db0f78fe8f6135f9a55c19f61e2da4e62cffddc588"

@@ -35,6 +35,11 @@ TASKS = {
     "vllm-0005": "upstream:tasks/vllm/vllm-0005",
     "vllm-0006": "upstream:tasks/vllm/vllm-0006",
     "vllm-0007": "upstream:tasks/vllm/vllm-0007",
+    "vllm-0008": "upstream:tasks/vllm/vllm-0008",
+    "vllm-0009": "upstream:tasks/vllm/vllm-0009",
+    "vllm-0010": "upstream:tasks/vllm/vllm-0010",
+    "vllm-0011": "upstream:tasks/vllm/vllm-0011",
+    "vllm-0012": "upstream:tasks/vllm/vllm-0012",
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.

@@ -12,6 +12,7 @@ TASKS = {
     "megatron-0007": "upstream:tasks/megatron/megatron-0007",
     "megatron-0010": "upstream:tasks/megatron/megatron-0010",
     "megatron-0011": "upstream:tasks/megatron/megatron-0011",
+    "megatron-0012": "upstream:tasks/megatron/megatron-0012",
     "minirl-0001": "//tasks/demo/minirl-0001:gold.patch",
     "minirl-0002": "//tasks/demo/minirl-0002:gold.patch",
     "minirl-0003": "//tasks/demo/minirl-0003:gold.patch",

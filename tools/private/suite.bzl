@@ -10,6 +10,8 @@ TASKS = {
     "megatron-0005": "upstream:tasks/megatron/megatron-0005",
     "megatron-0006": "upstream:tasks/megatron/megatron-0006",
     "megatron-0007": "upstream:tasks/megatron/megatron-0007",
+    "megatron-0008": "upstream:tasks/megatron/megatron-0008",
+    "megatron-0009": "upstream:tasks/megatron/megatron-0009",
     "megatron-0010": "upstream:tasks/megatron/megatron-0010",
     "megatron-0011": "upstream:tasks/megatron/megatron-0011",
     "megatron-0012": "upstream:tasks/megatron/megatron-0012",

@@ -33,6 +33,8 @@ TASKS = {
     "verl-0004": "upstream:tasks/verl/verl-0004",
     "verl-0005": "upstream:tasks/verl/verl-0005",
     "verl-0006": "upstream:tasks/verl/verl-0006",
+    "verl-0007": "upstream:tasks/verl/verl-0007",
+    "verl-0008": "upstream:tasks/verl/verl-0008",
     "verl-0009": "upstream:tasks/verl/verl-0009",
     "verl-0010": "upstream:tasks/verl/verl-0010",
     "verl-0011": "upstream:tasks/verl/verl-0011",

@@ -53,6 +53,7 @@ func TestExitCodes(t *testing.T) {
 		{"bad --match pattern", evalArgs(t, preds, dir, "x", "--match", "tasks/[demo"), 2, "--match"},
 		{"no such agent", []string{"agent", "run", "--agent", "nobody", "--agents", dir, "--tasks", "minitron-0001", "--run-id", "x"}, 2, `agent "nobody"`},
 		{"empty run folder", []string{"analyze", dir}, 2, "holds no results"},
+		{"bad --ranks", []string{"task", "import", "--repo", "https://example.com/x", "--merge-commit", "abc", "--env", "demo", "--id", "x-0001", "--ranks", "65"}, 2, "--ranks: must be between 1 and 64"},
 		{"results server unreachable", append(evalArgs(t, preds, dir, "x"), "--results", closed), 3, "the results server " + closed + " cannot be reached"},
 		{"catalogue not current", []string{"catalogue", "--tasks", filepath.Join(root, "tasks"), "--probes", filepath.Join(root, "probes"), "--check", stale}, 1, "not current"},
 		{"version", []string{"version"}, 0, ""},

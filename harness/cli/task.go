@@ -26,7 +26,7 @@ func newTaskImportCmd(g *globals) *cobra.Command {
 	var o struct {
 		repo, merge, env, id, project, path, out, work, envs string
 		tests, files, deselect, plugins                      []string
-		runs                                                 int
+		runs, ranks                                          int
 		timeout                                              time.Duration
 		asJSON                                               bool
 	}
@@ -49,6 +49,9 @@ Exit codes: 0 imported; 1 no fail-to-pass test; 2 bad usage; 3 infrastructure fa
 without the commits included).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.ranks < 0 || o.ranks > task.MaxRanks {
+				return fault.Inputf("--ranks: must be between 1 and %d, got %d", task.MaxRanks, o.ranks)
+			}
 			if o.project == "" {
 				o.project = o.env
 			}
@@ -78,7 +81,7 @@ without the commits included).`,
 			}
 			res, err := importer.Run(cmd.Context(), importer.Options{URL: o.repo, MergeCommit: o.merge, ID: o.id, Project: o.project,
 				Environment: o.env, Path: o.path, Tests: o.tests, Files: o.files, Deselect: o.deselect, Plugins: o.plugins,
-				Runs: o.runs, Timeout: o.timeout, Out: o.out, Work: o.work, Mirrors: prep.Mirrors, Prepare: prep, Runner: rn,
+				Ranks: o.ranks, Runs: o.runs, Timeout: o.timeout, Out: o.out, Work: o.work, Mirrors: prep.Mirrors, Prepare: prep, Runner: rn,
 				Log: func(f string, a ...any) { fmt.Fprintf(cmd.ErrOrStderr(), f+"\n", a...) }})
 			if res != nil {
 				if o.asJSON {
@@ -115,6 +118,7 @@ without the commits included).`,
 	f.StringArrayVar(&o.deselect, "deselect", nil, "a test id never to run, e.g. one that hangs without a GPU (repeatable)")
 	f.StringArrayVar(&o.plugins, "plugin", nil, "a pytest plugin the tests need, loaded with -p (repeatable)")
 	f.IntVar(&o.runs, "runs", 3, "how many times each side runs")
+	f.IntVar(&o.ranks, "ranks", 0, "run the tests as this many rank processes, as torchrun does (tests.ranks)")
 	f.DurationVar(&o.timeout, "timeout", 30*time.Minute, "the limit of one run of the tests")
 	f.BoolVar(&o.asJSON, "json", false, "print the result as JSON")
 	for _, n := range []string{"repo", "merge-commit", "env", "id"} {

@@ -39,6 +39,8 @@ type Options struct {
 	Tests, Files, Deselect []string
 	// Plugins are pytest plugins to load (-p).
 	Plugins []string
+	// Ranks runs the tests as that many rank processes, as torchrun does (tests.ranks).
+	Ranks int
 	// Runs is how many times each side runs. Default 3.
 	Runs int
 	// Timeout bounds one run of the tests. Default 30m.
@@ -87,7 +89,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	t := &task.Task{Schema: task.Schema, ID: o.ID, Project: o.Project, Environment: o.Environment,
 		Repo:  task.Repo{URL: o.URL, Path: o.Path, BaseCommit: base, MergeCommit: o.MergeCommit},
-		Tests: task.Tests{Runner: "pytest", Paths: o.Tests, Plugins: o.Plugins},
+		Tests: task.Tests{Runner: "pytest", Paths: o.Tests, Plugins: o.Plugins, Ranks: o.Ranks},
 		Resources: task.Resources{CPUs: 2, Memory: "8GiB", MemoryBytes: 8 << 30, DiskBytes: task.DefaultDiskBytes,
 			Pids: task.DefaultPids},
 		Timeouts: task.Timeouts{ApplyD: 5 * time.Minute, TestsD: o.Timeout, ProbesD: o.Timeout},
@@ -227,6 +229,9 @@ func writeSkeleton(o Options, base string, r *Result) error {
 	}
 	if len(o.Plugins) > 0 {
 		b.WriteString("  plugins: [" + strings.Join(o.Plugins, ", ") + "]\n")
+	}
+	if o.Ranks > 1 {
+		fmt.Fprintf(&b, "  ranks: %d\n", o.Ranks)
 	}
 	b.WriteString("  fail_to_pass:\n")
 	for _, id := range r.FailToPass {

@@ -549,3 +549,39 @@ func rankBreakingPatch(t *testing.T, gold []byte) []byte {
 	git("", "add", "-A")
 	return []byte(git("", "diff", "--cached", "--binary"))
 }
+
+// TestSurveyWithRanks: a survey of a task with tests.ranks runs the tests on every rank and
+// reports each test at its worst rank, as the official tests are graded.
+func TestSurveyWithRanks(t *testing.T) {
+	testenv.RequireSandbox(t)
+	tk, ps := testenv.Task(t, "demo", "minitron-0001")
+	c := *tk
+	c.Tests.Ranks = 2
+	r := testenv.Runner(t, nil)
+	gold := []byte(samplePatch(t, "sample/gold"))
+	files := []string{"tests/test_checkpoint_optimizer.py"}
+	got, err := r.Survey(context.Background(), testenv.Inputs(t, &c, ps, gold), files, nil, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) < 3 {
+		t.Fatalf("gold on two ranks: %v", got)
+	}
+	for id, o := range got {
+		if o != result.StatusPassed {
+			t.Errorf("gold on two ranks: %s %s", id, o)
+		}
+	}
+	got, err = r.Survey(context.Background(), testenv.Inputs(t, &c, ps, rankBreakingPatch(t, gold)), files, nil, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) < 3 {
+		t.Fatalf("a change broken on rank 1: %v", got)
+	}
+	for id, o := range got {
+		if o != result.StatusError {
+			t.Errorf("a change broken on rank 1: %s %s, want error", id, o)
+		}
+	}
+}

@@ -54,4 +54,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:c6236f7d5014527de6fe07db0f78fe8f6135f9a55c19f61e2da4e62cffddc588"
+HARNESS_DIGEST = "sha256:4f86c273127ca1b8da46ec69c9d9bf5f1a539eb9b532c3dc10c1bd509ea8ff55"

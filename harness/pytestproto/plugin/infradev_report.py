@@ -23,7 +23,8 @@ def pytest_addoption(parser):
     parser.addoption("--infradev-select", default=None,
                      help="run only the node ids listed in this file (the official test files are collected whole)")
     parser.addoption("--infradev-outcomes", default=None,
-                     help="write every test's outcome by node id, as JSON, to this file (surveys of upstream code)")
+                     help="write every test's outcome by node id, as JSON, to this file (surveys of upstream code); "
+                          "{rank} in it is the launcher's rank (0 without one)")
 
 
 _outcomes = {}
@@ -74,6 +75,7 @@ def pytest_sessionfinish(session, exitstatus):
     _state["status"] = int(exitstatus)
     path = session.config.getoption("--infradev-outcomes")
     if path is not None:
+        path = path.replace("{rank}", os.environ.get("INFRADEV_RANK", "0"))
         with open(path, "w", encoding="utf-8") as f:
             json.dump(_outcomes, f, sort_keys=True)
 

@@ -5,7 +5,8 @@ usage: launch.py N -- COMMAND...
 The harness opens one report channel per rank: rank r's nonce pipe is fd 3+2r and its report
 pipe fd 4+2r. Each rank runs COMMAND with its own pair as fds 3 and 4 (where the report plugin
 looks) and RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and
-MASTER_PORT set; this process keeps none of the pipes, so a report ends when its rank does.
+MASTER_PORT set (and INFRADEV_RANK, which the report plugin reads: the others may be the
+environment's own defaults when there is one process); this process keeps none of the pipes, so a report ends when its rank does.
 
 A rank that dies of a signal (a crash) while others run leaves them GRACE seconds to finish
 and then kills them: they would otherwise wait for it in a collective until the phase times
@@ -35,7 +36,7 @@ def main():
     procs = []
     for r in range(n):
         env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
-                   GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                   GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), INFRADEV_RANK=str(r))
 
         def channel(r=r):
             # Runs in the child before the descriptors other than 0-2 and pass_fds are closed.

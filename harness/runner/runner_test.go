@@ -122,25 +122,7 @@ func patchFor(t *testing.T, c caseSpec, port int) []byte {
 			return f.Data
 		}
 	}
-	dir := t.TempDir()
-	src := filepath.Join(testenv.RepoRoot(t), "environments/demo/minitron")
-	git := func(stdin string, args ...string) string {
-		cmd := exec.Command("git", args...)
-		cmd.Dir = dir
-		cmd.Stdin = strings.NewReader(stdin)
-		cmd.Env = append(os.Environ(), "GIT_CONFIG_GLOBAL=/dev/null", "GIT_CEILING_DIRECTORIES="+filepath.Dir(dir))
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("git %v: %v\n%s", args, err, out)
-		}
-		return string(out)
-	}
-	if out, err := exec.Command("cp", "-a", src+"/.", dir).CombinedOutput(); err != nil {
-		t.Fatalf("copying the demo repository: %v %s", err, out)
-	}
-	git("", "init", "-q")
-	git("", "add", "-A")
-	git("", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+	dir, git := demoRepo(t)
 	switch c.start {
 	case "gold":
 		gold, _ := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "tasks/demo/minitron-0001/gold.patch"))
@@ -521,24 +503,7 @@ func TestRanksEveryRankMustPass(t *testing.T) {
 
 // rankBreakingPatch is gold plus an import-time failure on rank 1 only.
 func rankBreakingPatch(t *testing.T, gold []byte) []byte {
-	dir := t.TempDir()
-	src := filepath.Join(testenv.RepoRoot(t), "environments/demo/minitron")
-	if out, err := exec.Command("cp", "-a", src+"/.", dir).CombinedOutput(); err != nil {
-		t.Fatalf("copying the demo repository: %v %s", err, out)
-	}
-	git := func(stdin string, args ...string) string {
-		cmd := exec.Command("git", args...)
-		cmd.Dir, cmd.Stdin = dir, strings.NewReader(stdin)
-		cmd.Env = append(os.Environ(), "GIT_CONFIG_GLOBAL=/dev/null", "GIT_CEILING_DIRECTORIES="+filepath.Dir(dir))
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("git %v: %v\n%s", args, err, out)
-		}
-		return string(out)
-	}
-	git("", "init", "-q")
-	git("", "add", "-A")
-	git("", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+	dir, git := demoRepo(t)
 	git(string(gold), "apply")
 	f, err := os.OpenFile(filepath.Join(dir, "minitron", "__init__.py"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
@@ -559,29 +524,50 @@ func TestSurveyWithRanks(t *testing.T) {
 	c.Tests.Ranks = 2
 	r := testenv.Runner(t, nil)
 	gold := []byte(samplePatch(t, "sample/gold"))
-	files := []string{"tests/test_checkpoint_optimizer.py"}
-	got, err := r.Survey(context.Background(), testenv.Inputs(t, &c, ps, gold), files, nil, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) < 3 {
-		t.Fatalf("gold on two ranks: %v", got)
-	}
-	for id, o := range got {
-		if o != result.StatusPassed {
-			t.Errorf("gold on two ranks: %s %s", id, o)
+	for _, c2 := range []struct {
+		name  string
+		patch []byte
+		want  string
+	}{
+		{"gold on two ranks", gold, result.StatusPassed},
+		{"a change broken on rank 1", rankBreakingPatch(t, gold), result.StatusError},
+	} {
+		got, err := r.Survey(context.Background(), testenv.Inputs(t, &c, ps, c2.patch), []string{"tests/test_checkpoint_optimizer.py"}, nil, t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) < 3 {
+			t.Fatalf("%s: %v", c2.name, got)
+		}
+		for id, o := range got {
+			if o != c2.want {
+				t.Errorf("%s: %s %s, want %s", c2.name, id, o, c2.want)
+			}
 		}
 	}
-	got, err = r.Survey(context.Background(), testenv.Inputs(t, &c, ps, rankBreakingPatch(t, gold)), files, nil, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
+}
+
+// demoRepo copies the demo repository (minitron at its base) into a fresh git repository and
+// returns it with a function that runs git there (stdin, args), failing the test on error.
+func demoRepo(t *testing.T) (string, func(stdin string, args ...string) string) {
+	t.Helper()
+	dir := t.TempDir()
+	src := filepath.Join(testenv.RepoRoot(t), "environments/demo/minitron")
+	if out, err := exec.Command("cp", "-a", src+"/.", dir).CombinedOutput(); err != nil {
+		t.Fatalf("copying the demo repository: %v %s", err, out)
 	}
-	if len(got) < 3 {
-		t.Fatalf("a change broken on rank 1: %v", got)
-	}
-	for id, o := range got {
-		if o != result.StatusError {
-			t.Errorf("a change broken on rank 1: %s %s, want error", id, o)
+	git := func(stdin string, args ...string) string {
+		cmd := exec.Command("git", args...)
+		cmd.Dir, cmd.Stdin = dir, strings.NewReader(stdin)
+		cmd.Env = append(os.Environ(), "GIT_CONFIG_GLOBAL=/dev/null", "GIT_CEILING_DIRECTORIES="+filepath.Dir(dir))
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
 		}
+		return string(out)
 	}
+	git("", "init", "-q")
+	git("", "add", "-A")
+	git("", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+	return dir, git
 }

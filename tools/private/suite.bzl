@@ -54,4 +54,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:4f86c273127ca1b8da46ec69c9d9bf5f1a539eb9b532c3dc10c1bd509ea8ff55"
+HARNESS_DIGEST = "sha256:acc5c03218416026e7d58fa6d97ae13b1b0c76aa47b0c4165dc1ccddb97dcd86"

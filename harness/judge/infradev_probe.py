@@ -33,6 +33,7 @@ it refuses any import that would load a module from the task's repository.
 """
 
 import base64
+import collections
 import json
 import os
 import select
@@ -43,7 +44,7 @@ import tempfile
 import textwrap
 import time
 
-__all__ = ["run", "ChildFailed", "ChildTimeout", "workdir", "repo"]
+__all__ = ["run", "measure", "Usage", "ChildFailed", "ChildTimeout", "workdir", "repo"]
 
 # The user the code under test runs as: it owns nothing and can read only what is world-readable.
 CHILD_UID = 65534
@@ -82,6 +83,28 @@ def run(code, args=None, *, timeout=300, env=None):
     ``args`` (JSON values and numpy arrays) is available to the driver as ``ARGS``; ``env``
     adds environment variables. The child is killed after ``timeout`` seconds.
     """
+    return _run(code, args, timeout, env, None)
+
+
+def measure(code, args=None, *, timeout=300, env=None, gpu=False):
+    """Runs ``code`` as ``run`` does and returns ``(values, usage)``: what it emitted, and a
+    ``Usage`` of what the judge saw it use, measured from outside the child.
+
+    A figure the child reports about itself (``torch.cuda.max_memory_allocated``, a timer) is
+    whatever the code under test makes it: it can reset the counters or replace the functions.
+    ``Usage`` comes from the kernel and the driver instead: the judge's own clock, the resident
+    memory of every process in the child's session (summed, sampled every 20 ms, and the main
+    process's high-water mark), and with ``gpu=True`` the memory NVML reports used on the GPUs
+    the judge was given, sampled every 2 ms, above the level before the child started. Sampled
+    peaks miss allocations shorter than the interval, so they bound what stays allocated (a
+    caching allocator keeps what it once took), not every transient allocation.
+    """
+    watch = _Watch(gpu)
+    values = _run(code, args, timeout, env, watch)
+    return values, watch.usage()
+
+
+def _run(code, args, timeout, env, watch):
     payload = json.dumps({"code": textwrap.dedent(code), "args": _encode(args or {})}).encode()
     child_env = _child_env(env)
     read_fd, write_fd = os.pipe()
@@ -104,6 +127,8 @@ def run(code, args=None, *, timeout=300, env=None):
         os.close(write_fd)
         raise
     os.close(write_fd)
+    if watch is not None:
+        watch.start(proc.pid)
     deadline = time.monotonic() + timeout
     header, data, timed_out = b"", b"", False
     try:
@@ -124,6 +149,8 @@ def run(code, args=None, *, timeout=300, env=None):
             data = _read_exactly(read_fd, size, deadline, proc)
             if data is None:
                 timed_out = True
+        if watch is not None:
+            watch.received()
         if not timed_out:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -131,6 +158,8 @@ def run(code, args=None, *, timeout=300, env=None):
                 timed_out = True
     finally:
         os.close(read_fd)
+        if watch is not None:
+            watch.stop()
         _kill(proc)
     if timed_out:
         raise ChildTimeout(f"the code under test ran past {timeout}s and was killed")
@@ -139,6 +168,161 @@ def run(code, args=None, *, timeout=300, env=None):
     if len(header) < 8 or len(data) != int.from_bytes(header, "big"):
         raise ChildFailed(f"the child exited {_status(proc.returncode)} in the middle of sending its result")
     return _result(data)
+
+
+class Usage(collections.namedtuple("Usage", "wall_seconds host_peak_bytes gpu_peak_bytes samples")):
+    """What the judge saw a child use (see ``measure``): ``wall_seconds`` from its start to its
+    result, ``host_peak_bytes``, ``gpu_peak_bytes`` (None when not asked for) and the number of
+    ``samples`` taken."""
+
+    __slots__ = ()
+
+    def __str__(self):
+        gpu = "not measured" if self.gpu_peak_bytes is None else f"{self.gpu_peak_bytes / 2**20:.1f} MiB"
+        return (f"wall {self.wall_seconds:.2f}s, host peak {self.host_peak_bytes / 2**20:.1f} MiB, "
+                f"GPU peak {gpu} ({self.samples} samples)")
+
+
+class _Watch:
+    """Samples a child's memory from the judge's side of the process boundary."""
+
+    GPU_INTERVAL = 0.002
+    HOST_INTERVAL = 0.02
+
+    def __init__(self, gpu):
+        import threading
+
+        self._gpu = _Nvml() if gpu else None
+        self._idle = self._gpu.used() if self._gpu else 0
+        self._host_peak = self._gpu_peak = self._samples = 0
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="infradev-probe-watch", daemon=True)
+        self._pid = None
+        self._began = self._ended = None
+
+    def start(self, pid):
+        self._pid = pid
+        self._began = time.monotonic()
+        self._sample(host=True)
+        self._thread.start()
+
+    def received(self):
+        if self._ended is None:
+            self._ended = time.monotonic()
+
+    def stop(self):
+        self.received()
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def usage(self):
+        wall = (self._ended or time.monotonic()) - (self._began or time.monotonic())
+        return Usage(wall, self._host_peak, self._gpu_peak if self._gpu else None, self._samples)
+
+    def _loop(self):
+        interval = self.GPU_INTERVAL if self._gpu else self.HOST_INTERVAL
+        every = max(1, round(self.HOST_INTERVAL / interval))
+        n = 0
+        while not self._stopped.wait(interval):
+            n += 1
+            self._sample(host=n % every == 0)
+
+    def _sample(self, host):
+        self._samples += 1
+        if self._gpu is not None:
+            used = self._gpu.used()
+            if used > self._idle:
+                self._gpu_peak = max(self._gpu_peak, used - self._idle)
+        if host:
+            self._host_peak = max(self._host_peak, _session_rss(self._pid), _high_water(self._pid))
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _session_rss(sid):
+    """The resident memory of every process in session sid, in bytes."""
+    total = 0
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return 0
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # gone, or not ours to read
+        # pid (comm) state ppid pgrp session ... ; comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(b")") + 2:].split()
+        try:
+            if int(fields[3]) == sid:
+                total += int(fields[21]) * _PAGE
+        except (IndexError, ValueError):
+            continue
+    return total
+
+
+def _high_water(pid):
+    """The kernel's high-water mark of pid's resident memory (VmHWM), in bytes; 0 once it exits."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+class _Nvml:
+    """Used memory on the GPUs given to the judge (NVIDIA_VISIBLE_DEVICES' NVML indices when it
+    names them, else every GPU whose memory NVML reports), through the driver's NVML library."""
+
+    def __init__(self):
+        import ctypes
+
+        class Memory(ctypes.Structure):
+            _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
+                        ("used", ctypes.c_ulonglong)]
+
+        path = os.environ.get("INFRADEV_NVML_LIBRARY") or "libnvidia-ml.so.1"
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise RuntimeError(f"the judge cannot measure GPU memory: NVML ({path}) does not load: {e}") from None
+        lib.nvmlDeviceGetHandleByIndex_v2.argtypes = [ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p)]
+        lib.nvmlDeviceGetMemoryInfo.argtypes = [ctypes.c_void_p, ctypes.POINTER(Memory)]
+        rc = lib.nvmlInit_v2()
+        if rc != 0:
+            raise RuntimeError(f"the judge cannot measure GPU memory: nvmlInit_v2 returned {rc}")
+        count = ctypes.c_uint()
+        rc = lib.nvmlDeviceGetCount_v2(ctypes.byref(count))
+        if rc != 0:
+            raise RuntimeError(f"the judge cannot measure GPU memory: nvmlDeviceGetCount_v2 returned {rc}")
+        self._lib, self._mem, self._ctypes = lib, Memory(), ctypes
+        visible = os.environ.get("NVIDIA_VISIBLE_DEVICES", "")
+        wanted = range(count.value)
+        if visible and all(x.strip().isdigit() for x in visible.split(",")):
+            wanted = [int(x) for x in visible.split(",")]
+        self._handles = []
+        for i in wanted:
+            h = ctypes.c_void_p()
+            if i < count.value and lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(h)) == 0 \
+                    and lib.nvmlDeviceGetMemoryInfo(h, ctypes.byref(self._mem)) == 0:
+                self._handles.append(h)
+        if not self._handles:
+            raise RuntimeError(f"the judge cannot measure GPU memory: NVML reads none of GPUs {list(wanted)}")
+
+    def used(self):
+        total = 0
+        for h in self._handles:
+            if self._lib.nvmlDeviceGetMemoryInfo(h, self._ctypes.byref(self._mem)) == 0:
+                total += self._mem.used
+        return total
 
 
 def _read_exactly(fd, n, deadline, proc):

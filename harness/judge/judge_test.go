@@ -34,8 +34,20 @@ func TestLibrary(t *testing.T) {
 	os.Chmod(dir, 0o755)
 	os.WriteFile(filepath.Join(lib, judge.LibraryModule+".py"), judge.Library, 0o644)
 	os.WriteFile(filepath.Join(repo, "pkg", "__init__.py"), []byte("def double(x):\n    return 2 * x\n"), 0o644)
+	// A stand-in NVML whose used memory the child sets through a file it may write.
+	cc, err := exec.LookPath("cc")
+	testenv.Require(t, err == nil, "a C compiler for the stand-in NVML library")
+	nvmlLib, gpuDir := filepath.Join(dir, "libfake-nvml.so"), filepath.Join(dir, "gpu")
+	if out, err := exec.Command(cc, "-shared", "-fPIC", "-o", nvmlLib, "testdata/fake_nvml.c").CombinedOutput(); err != nil {
+		t.Fatalf("compiling the stand-in NVML: %v\n%s", err, out)
+	}
+	if err := os.Mkdir(gpuDir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(gpuDir, 0o777)
 	cmd := exec.Command(py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", judge.LibraryModule, "testdata/test_library.py")
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+lib, "INFRADEV_REPO="+repo, "JUDGE_PRIVATE="+private, "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1")
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+lib, "INFRADEV_REPO="+repo, "JUDGE_PRIVATE="+private, "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1",
+		"INFRADEV_NVML_LIBRARY="+nvmlLib, "FAKE_NVML_USED="+filepath.Join(gpuDir, "used"))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("the library's tests failed: %v\n%s", err, out)

@@ -54,4 +54,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:acc5c03218416026e7d58fa6d97ae13b1b0c76aa47b0c4165dc1ccddb97dcd86"
+HARNESS_DIGEST = "sha256:3eadccacbc8c384fadc8f2294fb912448877e59b6bd2705c17e4f7b9735c1f7c"

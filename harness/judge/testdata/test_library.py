@@ -138,3 +138,90 @@ sys.modules["torch"] = torch
 emit(ranks=spawn_ranks(2, lambda r, w, p, a: r, None, 30))
 """, timeout=120)
     assert "this probe needs 2 GPUs, 0 visible" in str(info.value)
+
+
+MIB = 1 << 20
+
+
+def test_measure_sees_host_memory_the_child_does_not_report():
+    # The child holds 300 MiB for a moment and reports nothing: the judge's figure comes from
+    # the kernel, not from what the child says.
+    got, usage = probe.measure("""
+import time
+block = b"x" * (300 << 20)
+time.sleep(0.3)
+del block
+emit(reported=0)
+""", timeout=60)
+    assert got == {"reported": 0}
+    assert usage.host_peak_bytes >= 300 * MIB, usage
+    assert usage.gpu_peak_bytes is None
+    assert 0.3 <= usage.wall_seconds < 60, usage
+
+
+def test_measure_keeps_the_high_water_mark_of_a_short_peak():
+    # Allocated and freed between two samples: the kernel's high-water mark still shows it.
+    _, usage = probe.measure("""
+import time
+block = b"x" * (200 << 20)
+del block
+time.sleep(0.2)
+""", timeout=60)
+    assert usage.host_peak_bytes >= 200 * MIB, usage
+
+
+def test_measure_counts_processes_the_child_starts():
+    _, usage = probe.measure("""
+import subprocess, sys
+subprocess.run([sys.executable, "-c", "import time; b = b'x' * (250 << 20); time.sleep(0.4)"], check=True)
+""", timeout=60)
+    assert usage.host_peak_bytes >= 250 * MIB, usage
+
+
+def _gpu_used(nbytes):
+    path = os.environ["FAKE_NVML_USED"]
+    with open(path + ".tmp", "w") as f:
+        f.write(str(nbytes))
+    os.chmod(path + ".tmp", 0o666)
+    os.replace(path + ".tmp", path)
+
+
+def test_measure_reads_gpu_memory_through_nvml():
+    # Another user holds 50 MiB before the child starts; the child takes 150 MiB in all for a
+    # moment, then gives it back and reports that it used none.
+    _gpu_used(50 * MIB)
+    try:
+        got, usage = probe.measure("""
+import os, time
+
+def used(n):
+    with open(ARGS["file"] + ".child", "w") as f:
+        f.write(str(n))
+    os.replace(ARGS["file"] + ".child", ARGS["file"])
+
+used(150 << 20)
+time.sleep(0.2)
+used(50 << 20)
+emit(reported=0)
+""", {"file": os.environ["FAKE_NVML_USED"]}, timeout=60, gpu=True)
+    finally:
+        _gpu_used(0)
+    assert got == {"reported": 0}
+    assert usage.gpu_peak_bytes == 100 * MIB, usage
+    assert usage.samples > 10, usage
+
+
+def test_measure_without_nvml_is_an_error_not_a_zero(monkeypatch):
+    monkeypatch.setenv("INFRADEV_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1")
+    with pytest.raises(RuntimeError, match="cannot measure GPU memory: NVML"):
+        probe.measure("emit(x=1)", gpu=True)
+
+
+def test_measure_reads_only_the_gpus_it_was_given(monkeypatch):
+    # The stand-in's second GPU cannot be read, as one outside the sandbox cannot.
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "1")
+    with pytest.raises(RuntimeError, match=r"reads none of GPUs \[1\]"):
+        probe.measure("emit(x=1)", gpu=True)
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "0")
+    _, usage = probe.measure("emit(x=1)", gpu=True)
+    assert usage.gpu_peak_bytes == 0, usage

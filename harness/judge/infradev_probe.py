@@ -8,8 +8,9 @@ program to a child process, the child runs the code under test and sends back pl
 assertions and reference values.
 
 The child runs as another user (nobody) that cannot read the probes, their expected values
-or this file's caller; it gets a fresh stdin, inherits only its result pipe, and is killed
-with everything it started when its time is up. Whatever the child sends is untrusted data:
+or this file's caller; it gets a fresh stdin, inherits only its result pipe, and once its
+result is in or its time is up it is killed with every process it started, in its session or
+not (the judge is their subreaper), so nothing of one child reaches the next. Whatever the child sends is untrusted data:
 it is decoded, never unpickled or executed.
 
     from infradev_probe import run
@@ -77,36 +78,43 @@ def workdir(prefix="probe-"):
     return path
 
 
-def run(code, args=None, *, timeout=300, env=None):
+def run(code, args=None, *, timeout=300, env=None, repository=True):
     """Runs ``code`` in a child process over the task's repository and returns what it emitted.
 
     ``args`` (JSON values and numpy arrays) is available to the driver as ``ARGS``; ``env``
-    adds environment variables. The child is killed after ``timeout`` seconds.
+    adds environment variables. The child is killed after ``timeout`` seconds. With
+    ``repository=False`` the repository is neither on the child's import path nor its working
+    directory: a reference run (a baseline to compare with) that no code under test can reach.
     """
-    return _run(code, args, timeout, env, None)
+    return _run(code, args, timeout, env, None, repository)
 
 
-def measure(code, args=None, *, timeout=300, env=None, gpu=False):
+def measure(code, args=None, *, timeout=300, env=None, gpu=False, repository=True):
     """Runs ``code`` as ``run`` does and returns ``(values, usage)``: what it emitted, and a
     ``Usage`` of what the judge saw it use, measured from outside the child.
 
     A figure the child reports about itself (``torch.cuda.max_memory_allocated``, a timer) is
     whatever the code under test makes it: it can reset the counters or replace the functions.
     ``Usage`` comes from the kernel and the driver instead: the judge's own clock, the resident
-    memory of every process in the child's session (summed, sampled every 20 ms, and the main
+    memory of every process the child started (summed, sampled every 20 ms, and the main
     process's high-water mark), and with ``gpu=True`` the memory NVML reports used on the GPUs
     the judge was given, sampled every 2 ms, above the level before the child started. Sampled
     peaks miss allocations shorter than the interval, so they bound what stays allocated (a
     caching allocator keeps what it once took), not every transient allocation.
     """
     watch = _Watch(gpu)
-    values = _run(code, args, timeout, env, watch)
+    values = _run(code, args, timeout, env, watch, repository)
     return values, watch.usage()
 
 
-def _run(code, args, timeout, env, watch):
+def _run(code, args, timeout, env, watch, repository):
     payload = json.dumps({"code": textwrap.dedent(code), "args": _encode(args or {})}).encode()
     child_env = _child_env(env)
+    cwd = repo()
+    if not repository:
+        child_env.pop("PYTHONPATH", None)
+        child_env["PYTHONSAFEPATH"] = "1"  # nor the working directory first on sys.path
+        cwd = "/"
     read_fd, write_fd = os.pipe()
     os.set_inheritable(write_fd, True)
     kwargs = {}
@@ -116,7 +124,7 @@ def _run(code, args, timeout, env, watch):
         proc = subprocess.Popen(
             [sys.executable, "-c", _BOOT, str(write_fd)],
             stdin=subprocess.PIPE,
-            cwd=repo(),
+            cwd=cwd,
             env=child_env,
             pass_fds=(write_fd,),
             start_new_session=True,
@@ -235,19 +243,19 @@ class _Watch:
             if used > self._idle:
                 self._gpu_peak = max(self._gpu_peak, used - self._idle)
         if host:
-            self._host_peak = max(self._host_peak, _session_rss(self._pid), _high_water(self._pid))
+            self._host_peak = max(self._host_peak, _descendants_rss(), _high_water(self._pid))
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _session_rss(sid):
-    """The resident memory of every process in session sid, in bytes."""
-    total = 0
+def _processes():
+    """{pid: (ppid, resident bytes)} for every process /proc shows."""
+    table = {}
     try:
         names = os.listdir("/proc")
     except OSError:
-        return 0
+        return table
     for name in names:
         if not name.isdigit():
             continue
@@ -256,14 +264,33 @@ def _session_rss(sid):
                 stat = f.read()
         except OSError:
             continue  # gone, or not ours to read
-        # pid (comm) state ppid pgrp session ... ; comm may hold spaces and parentheses.
+        # pid (comm) state ppid ... ; comm may hold spaces and parentheses.
         fields = stat[stat.rfind(b")") + 2:].split()
         try:
-            if int(fields[3]) == sid:
-                total += int(fields[21]) * _PAGE
+            table[int(name)] = (int(fields[1]), int(fields[21]) * _PAGE)
         except (IndexError, ValueError):
             continue
-    return total
+    return table
+
+
+def _descendants(table=None):
+    """The judge's descendants: every process its children started, wherever they went (the
+    judge is their subreaper, so even a daemonized one stays below it)."""
+    table = _processes() if table is None else table
+    kids = {}
+    for pid, (ppid, _) in table.items():
+        kids.setdefault(ppid, []).append(pid)
+    out, todo = [], [os.getpid()]
+    while todo:
+        for c in kids.get(todo.pop(), ()):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _descendants_rss():
+    table = _processes()
+    return sum(table[p][1] for p in _descendants(table))
 
 
 def _high_water(pid):
@@ -364,7 +391,7 @@ _JUDGE_ONLY = {"PYTHONPATH", "PYTHONSAFEPATH", "PYTHONSTARTUP"}
 
 
 def _kill(proc):
-    """Kills the child and everything it started in its session."""
+    """Kills the child and everything it started, in its session or not."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -373,6 +400,53 @@ def _kill(proc):
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
+    _sweep()
+
+
+def _sweep():
+    """Kills every process the judge's children left behind. A process that left the child's
+    session (setsid, a double fork) is still the judge's descendant: the judge is a subreaper.
+    Nothing of one child outlives it to touch the next one's files, ports or memory."""
+    deadline, pause = time.monotonic() + SWEEP_TIMEOUT, 0.005
+    while True:
+        left = _descendants()
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the judge could not end the processes a child left behind "
+                               f"within {SWEEP_TIMEOUT}s: {sorted(left)}")
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid in left:  # the orphans among them are the judge's own children now
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        time.sleep(pause)  # a process tearing down a GPU context takes a while to go
+        pause = min(pause * 2, 0.2)
+
+
+# How long processes a child left behind may take to exit once killed.
+SWEEP_TIMEOUT = 60
+
+
+def _become_subreaper():
+    """Orphans of the judge's children are reparented to the judge, not to init."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_CHILD_SUBREAPER = 36
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+    except (OSError, AttributeError) as e:
+        raise RuntimeError(f"the judge cannot keep track of its children's processes: {e}") from None
+
+
+_become_subreaper()
 
 
 def _result(data):

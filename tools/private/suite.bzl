@@ -54,4 +54,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:3eadccacbc8c384fadc8f2294fb912448877e59b6bd2705c17e4f7b9735c1f7c"
+HARNESS_DIGEST = "sha256:21b28f9bcf7f23bf7630681e800a8a15dd7ce57df799011c675de0a8691c4a8e"

@@ -45,8 +45,41 @@ def test_a_child_that_dies_without_a_result():
 
 
 def test_processes_left_behind_do_not_hold_the_judge():
-    out = probe.run("import subprocess; subprocess.Popen(['sleep', '60']); emit(ok=True)", timeout=20)
-    assert out == {"ok": True}
+    out = probe.run("import subprocess; p = subprocess.Popen(['sleep', '60']); emit(pid=p.pid)", timeout=20)
+    assert not os.path.exists(f"/proc/{out['pid']}"), "the child's sleep outlived it"
+
+
+_DAEMON = """
+import os, time
+
+def daemon(body):
+    # Double fork into a new session: the grandchild leaves the child's session and its parent.
+    r, w = os.pipe()
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.write(w, str(os.getpid()).encode())
+            os.close(w)
+            body()
+            os._exit(0)
+        os._exit(0)
+    os.close(w)
+    pid = int(os.read(r, 32))
+    os.wait()
+    return pid
+"""
+
+
+def test_processes_that_left_the_session_are_ended_too():
+    out = probe.run(_DAEMON + """
+pid = daemon(lambda: time.sleep(60))
+assert os.getsid(pid) != os.getsid(0)
+emit(pid=pid)
+""", timeout=20)
+    assert not os.path.exists(f"/proc/{out['pid']}"), "a daemonized process outlived the child"
+    # The next child starts with nothing of the last one left.
+    after = probe.run("import os\nemit(mine=sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and os.stat('/proc/' + p).st_uid == os.getuid()))")
+    assert out["pid"] not in after["mine"]
 
 
 def test_timeout_kills_the_child():
@@ -176,6 +209,26 @@ import subprocess, sys
 subprocess.run([sys.executable, "-c", "import time; b = b'x' * (250 << 20); time.sleep(0.4)"], check=True)
 """, timeout=60)
     assert usage.host_peak_bytes >= 250 * MIB, usage
+
+
+def test_measure_counts_processes_that_left_the_session():
+    _, usage = probe.measure(_DAEMON + """
+def hold():
+    b = b"x" * (250 << 20)
+    time.sleep(0.6)
+
+daemon(hold)
+time.sleep(0.8)
+""", timeout=60)
+    assert usage.host_peak_bytes >= 250 * MIB, usage
+
+
+def test_a_reference_run_cannot_reach_the_repository():
+    assert probe.run("import pkg\nemit(x=pkg.double(2))") == {"x": 4}
+    with pytest.raises(probe.ChildFailed, match="No module named 'pkg'"):
+        probe.run("import pkg", repository=False)
+    got = probe.run("import os, sys\nemit(cwd=os.getcwd(), path=sys.path)", repository=False)
+    assert got["cwd"] == "/" and probe.repo() not in got["path"] and "" not in got["path"]
 
 
 def _gpu_used(nbytes):

@@ -10,8 +10,8 @@ assertions and reference values.
 The child runs as another user (nobody) that cannot read the probes, their expected values
 or this file's caller; it gets a fresh stdin, inherits only its result pipe, and once its
 result is in or its time is up it is killed with every process it started, in its session or
-not (the judge is their subreaper), so nothing of one child reaches the next. Whatever the child sends is untrusted data:
-it is decoded, never unpickled or executed.
+not (the judge is their subreaper), so nothing of one child reaches the next. Whatever the
+child sends is untrusted data: it is decoded, never unpickled or executed.
 
     from infradev_probe import run
 
@@ -28,6 +28,11 @@ values to send back (JSON types, numpy arrays and scalars, torch tensors, bytes,
 dicts with string keys and lists). ``run`` returns them as a dict; arrays come back as numpy
 arrays. If the driver raises, or the child dies before it finishes, ``run`` raises
 ``ChildFailed`` (an AssertionError: the probe fails) with the child's traceback.
+
+``measure`` runs a driver the same way and also returns the ``Usage`` the judge itself saw
+(wall time, host and GPU memory), for probes about resources: see its docstring for what the
+figures can and cannot show. ``run(..., repository=False)`` is a reference run that nothing
+of the repository can reach, to compare such figures with.
 
 Loaded as a pytest plugin (``-p infradev_probe``), this module also keeps the judge honest:
 it refuses any import that would load a module from the task's repository.

@@ -54,4 +54,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:21b28f9bcf7f23bf7630681e800a8a15dd7ce57df799011c675de0a8691c4a8e"
+HARNESS_DIGEST = "sha256:db03190eb29678d95b3b58e5f324883fba1256b9f6c171597aca4e0b03a2a945"

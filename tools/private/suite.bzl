@@ -54,4 +54,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:db03190eb29678d95b3b58e5f324883fba1256b9f6c171597aca4e0b03a2a945"
+HARNESS_DIGEST = "sha256:537baa1cd3fa0ac1cd7212fc0bf1cf9aac1b37e5ddd717c144cfd0aa29f62239"

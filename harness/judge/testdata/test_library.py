@@ -206,7 +206,7 @@ time.sleep(0.2)
 def test_measure_counts_processes_the_child_starts():
     _, usage = probe.measure("""
 import subprocess, sys
-subprocess.run([sys.executable, "-c", "import time; b = b'x' * (250 << 20); time.sleep(0.4)"], check=True)
+subprocess.run([sys.executable, "-c", "import time; b = b'x' * (250 << 20); time.sleep(1)"], check=True)
 """, timeout=60)
     assert usage.host_peak_bytes >= 250 * MIB, usage
 
@@ -215,10 +215,10 @@ def test_measure_counts_processes_that_left_the_session():
     _, usage = probe.measure(_DAEMON + """
 def hold():
     b = b"x" * (250 << 20)
-    time.sleep(0.6)
+    time.sleep(1.5)
 
 daemon(hold)
-time.sleep(0.8)
+time.sleep(2)
 """, timeout=60)
     assert usage.host_peak_bytes >= 250 * MIB, usage
 

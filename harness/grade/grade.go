@@ -559,7 +559,7 @@ func ranks(name string, raw Raw, want Expected) result.Phase {
 			out.Canaries = p.Canaries
 		}
 		for i, t := range p.Tests {
-			if worse[t.Outcome] > worse[out.Tests[i].Outcome] {
+			if WorseOutcome(t.Outcome, out.Tests[i].Outcome) != out.Tests[i].Outcome {
 				out.Tests[i].Outcome, out.Tests[i].Message = t.Outcome, onRank(r, t.Message)
 			}
 		}
@@ -567,8 +567,17 @@ func ranks(name string, raw Raw, want Expected) result.Phase {
 	return out
 }
 
-// worse orders test outcomes: a test is as good as its worst rank.
-var worse = map[string]int{result.StatusPassed: 0, result.StatusSkipped: 1, result.StatusFailed: 2, result.StatusError: 3, "missing": 4}
+// outcomeRank orders test outcomes, best first.
+var outcomeRank = map[string]int{result.StatusPassed: 0, result.StatusSkipped: 1, result.StatusFailed: 2, result.StatusError: 3, "missing": 4}
+
+// WorseOutcome is the worse of two test outcomes (passed, skipped, failed, error, missing):
+// a test run on several ranks is as good as its worst rank.
+func WorseOutcome(a, b string) string {
+	if outcomeRank[a] > outcomeRank[b] {
+		return a
+	}
+	return b
+}
 
 func onRank(r int, msg string) string {
 	if msg == "" {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/infradev/infradev/harness/grade"
 	"github.com/infradev/infradev/harness/pytestproto"
 	"github.com/infradev/infradev/harness/result"
 	"github.com/infradev/infradev/harness/sandbox"
@@ -58,7 +59,7 @@ func (r *Runner) Survey(ctx context.Context, in Inputs, files, deselect []string
 	}
 	// With several ranks a test's outcome is its worst on any rank, and a test some rank did
 	// not report is an error: as the official tests are graded.
-	outcomes := map[string]string{}
+	var outcomes map[string]string
 	for r := range ranks {
 		data, err := os.ReadFile(filepath.Join(a.work, "out-survey", fmt.Sprintf("outcomes-%d.json", r)))
 		if err != nil {
@@ -75,8 +76,8 @@ func (r *Runner) Survey(ctx context.Context, in Inputs, files, deselect []string
 		for id, o := range got {
 			if _, ok := outcomes[id]; !ok {
 				outcomes[id] = result.StatusError
-			} else if surveyRank[o] > surveyRank[outcomes[id]] {
-				outcomes[id] = o
+			} else {
+				outcomes[id] = grade.WorseOutcome(o, outcomes[id])
 			}
 		}
 		for id := range outcomes {
@@ -87,6 +88,3 @@ func (r *Runner) Survey(ctx context.Context, in Inputs, files, deselect []string
 	}
 	return outcomes, nil
 }
-
-// surveyRank orders the plugin's outcomes, best first.
-var surveyRank = map[string]int{result.StatusPassed: 0, result.StatusSkipped: 1, result.StatusFailed: 2, result.StatusError: 3}

@@ -54,4 +54,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:537baa1cd3fa0ac1cd7212fc0bf1cf9aac1b37e5ddd717c144cfd0aa29f62239"
+HARNESS_DIGEST = "sha256:b6e1a9c95492360877d01cbbae7cb09ba77b4c6a610fee60eda644ae367d76f5"

@@ -6,7 +6,8 @@ The harness opens one report channel per rank: rank r's nonce pipe is fd 3+2r an
 pipe fd 4+2r. Each rank runs COMMAND with its own pair as fds 3 and 4 (where the report plugin
 looks) and RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and
 MASTER_PORT set (and INFRADEV_RANK, which the report plugin reads: the others may be the
-environment's own defaults when there is one process); this process keeps none of the pipes, so a report ends when its rank does.
+environment's own defaults when there is one process); this process keeps none of the pipes,
+so a report ends when its rank does.
 
 A rank that dies of a signal (a crash) while others run leaves them GRACE seconds to finish
 and then kills them: they would otherwise wait for it in a collective until the phase times

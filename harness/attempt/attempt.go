@@ -53,4 +53,30 @@ type Inputs struct {
 	// AllPhases runs the official tests and probes even after a phase fails (the verdict is
 	// the same): validation uses it to see the probes' own judgement of every sample.
 	AllPhases bool
+	// Probe is how validation runs the probes; the zero value is a scored attempt's.
+	Probe ProbeMode
+}
+
+// ProbeMode is how the probes of an attempt run for validation rather than for a score.
+type ProbeMode struct {
+	// Authors keeps the probe phases' logs and the children's output and tracebacks in the run
+	// folder. Off for a scored attempt: what the code under test prints (the driver's source,
+	// its inputs) must not reach what a submitter reads.
+	Authors bool
+	// Record keeps what every probe child sent (raw/probe-record/), for Forge runs to replay.
+	Record bool
+	// Forge makes every child over the submission forge its message from the recording in
+	// Recorded (a folder a Record run wrote): "replay" sends gold's messages verbatim, "mix" the
+	// code under test's values with gold's scalars, "nan" every float NaN (infradev_probe).
+	Forge    string
+	Recorded string
+	// Only runs the apply phase and the probes (no official tests): a forgery run judges
+	// the probes alone.
+	Only bool
+}
+
+// Validation reports whether the attempt runs for validation (its result is never the
+// submission's own and is keyed apart).
+func (in Inputs) Validation() bool {
+	return in.Cheat != "" || in.AllPhases || in.Probe != (ProbeMode{})
 }

@@ -26,6 +26,7 @@ func newRunTaskCmd(g *globals) *cobra.Command {
 	var o struct {
 		task, probes, layout, image, patch, out, instance, model, results, cheat, envs string
 		asJSON                                                                         bool
+		probe                                                                          runner.ProbeMode
 	}
 	cmd := &cobra.Command{
 		Use:   "run-task",
@@ -36,6 +37,13 @@ receives result.json, junit.xml, raw JUnit reports and logs; junit.xml is also w
 $XML_OUTPUT_FILE when that is set (as under bazel test). With --results (a directory, or the
 URL of a Bazel HTTP remote cache), an attempt whose inputs already have a stored result is not
 run again, and a new result is stored: the same store infradev eval uses.
+
+For a probe's author: --authors keeps the probe phases' logs and their children's output and
+tracebacks (a scored attempt keeps neither: the code under test could print the probes'
+drivers into them); --record keeps what every probe child sent (raw/probe-record); --forge
+replay|mix|nan --recorded DIR runs the probes with every child over the submission forging its
+message from such a recording, as validation's forgery check does (a probe that passes the
+empty patch so decides from data the child reports); --probes-only skips the official tests.
 
 Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec, or the task itself is broken
 (task_error); 3 infrastructure fault.`,
@@ -52,6 +60,20 @@ Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec, or the task itself 
 			patch, err := os.ReadFile(o.patch)
 			if err != nil {
 				return fault.Inputf("reading patch: %v", err)
+			}
+			if (o.probe.Forge == "") != (o.probe.Recorded == "") {
+				return fault.Inputf("--forge and --recorded go together")
+			}
+			if f := o.probe.Forge; f != "" && f != "replay" && f != "mix" && f != "nan" {
+				return fault.Inputf("--forge %q: want replay, mix or nan", f)
+			}
+			if o.probe.Recorded != "" {
+				if o.probe.Recorded, err = filepath.Abs(o.probe.Recorded); err != nil {
+					return err
+				}
+				if fi, err := os.Stat(o.probe.Recorded); err != nil || !fi.IsDir() {
+					return fault.Inputf("--recorded %s: not a folder a --record run wrote (raw/probe-record)", o.probe.Recorded)
+				}
 			}
 			// An upstream task's files are derived from its commits (store, else mirror); without
 			// --image its image is built (environment plus the repository at the base commit).
@@ -87,7 +109,7 @@ Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec, or the task itself 
 			}
 			r = resultstore.Cached{Attempter: r, Store: store, Log: cmd.ErrOrStderr()}
 			res, err := r.Run(cmd.Context(), runner.Inputs{Task: t, Probes: ps, Layout: layout, Image: o.image,
-				Patch: patch, InstanceID: o.instance, Model: o.model, Cheat: o.cheat}, o.out)
+				Patch: patch, InstanceID: o.instance, Model: o.model, Cheat: o.cheat, Probe: o.probe}, o.out)
 			if err != nil {
 				return err
 			}
@@ -139,6 +161,11 @@ Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec, or the task itself 
 	f.StringVar(&o.model, "model", "", "model name to record")
 	f.BoolVar(&o.asJSON, "json", false, "print result.json instead of the verdict line")
 	f.StringVar(&o.cheat, "cheat", "", "add an in-process cheat to the submission ("+strings.Join(cheat.Names, ", ")+"): checks that a task's canaries and probes hold")
+	f.BoolVar(&o.probe.Authors, "authors", false, "keep the probe phases' logs and their children's output (for a probe's author)")
+	f.BoolVar(&o.probe.Record, "record", false, "keep what every probe child sent, under raw/probe-record")
+	f.StringVar(&o.probe.Forge, "forge", "", "forge every probe child's message from --recorded: replay, mix or nan")
+	f.StringVar(&o.probe.Recorded, "recorded", "", "a raw/probe-record folder a --record run wrote")
+	f.BoolVar(&o.probe.Only, "probes-only", false, "skip the official tests: apply the patch and run the probes")
 	f.StringVar(&o.results, "results", os.Getenv("INFRADEV_RESULTS"), "results store to reuse and fill: a directory or a Bazel HTTP cache URL (env INFRADEV_RESULTS; empty: none)")
 	cmd.MarkFlagsRequiredTogether("layout", "image")
 	for _, name := range []string{"task", "probes", "patch", "out"} {

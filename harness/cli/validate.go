@@ -49,6 +49,12 @@ every interface the probes use that the gold patch provides. Unless --schema-onl
   the probes, it was built for);
 - the tamper check (unless --no-tamper): the empty patch with each in-process cheat, and each
   sample with one, must not resolve, and the probes alone must reject the empty patch;
+- the forgery check (with the tamper check): what gold's probe children sent is recorded and
+  forged as a child of the code under test could forge it (replayed verbatim; the code under
+  test's own values with gold's scalars, over the empty patch and every sample built to fail
+  probes; every float NaN). Every probe must still fail the empty patch and catch the samples
+  it was built for; one that does not decides from data the child reports and is named with
+  its file and line;
 
 and print a table per task with the time it took. Every probe must be failed by at least one
 sample: a probe that no wrong patch fails has shown no power to tell wrong from right.
@@ -175,7 +181,7 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 			}
 			wg.Wait()
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
-			fmt.Fprintf(tw, "TASK\tGOLD\tEMPTY\tSAMPLES\tTAMPER\tTIME\tCHECK\n")
+			fmt.Fprintf(tw, "TASK\tGOLD\tEMPTY\tSAMPLES\tTAMPER\tFORGERIES\tTIME\tCHECK\n")
 			failed := false
 			for i, rep := range reports {
 				if errsOut[i] != nil {
@@ -195,6 +201,10 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 				if rep.TamperRuns > 0 {
 					tamper = fmt.Sprintf("%d/%d rejected", rep.TamperOK, rep.TamperRuns)
 				}
+				forged := "-"
+				if rep.Forgeries > 0 {
+					forged = fmt.Sprintf("%d/%d withstood", rep.ForgeriesOK, rep.Forgeries)
+				}
 				goldCol, samplesCol := fmt.Sprintf("%d/%d resolved", rep.GoldResolved, rep.GoldRuns), fmt.Sprintf("%d/%d as built", rep.SamplesOK, rep.Samples)
 				if rep.Fault != "" {
 					goldCol, samplesCol = "-", "-"
@@ -203,7 +213,7 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 					goldCol, samplesCol = "-", "-"
 					check = fmt.Sprintf("ok without GPUs: gpu-pending (needs %d, --gpus on a machine with them validates it)", items[i].Task.Resources.GPUs.Count)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0fs\t%s\n", rep.Task, goldCol, orDash(rep.Empty), samplesCol, tamper, rep.WallSeconds, check)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.0fs\t%s\n", rep.Task, goldCol, orDash(rep.Empty), samplesCol, tamper, forged, rep.WallSeconds, check)
 				if recordErrs[i] != nil {
 					failed = true
 				}

@@ -76,6 +76,8 @@ func Apply(raw Raw) result.Phase {
 		p.Status, p.Detail = result.StatusError, "task repository is not at its base commit"
 	case raw.Run.ExitCode == pytestproto.ExitTestsDoNotApply:
 		p.Status, p.Detail = result.StatusError, "the official test patch does not apply at the base commit"
+	case raw.Run.ExitCode == pytestproto.ExitGoldDoesNotApply:
+		p.Status, p.Detail = result.StatusError, "the gold patch does not apply over the official tests"
 	default:
 		p.Status, p.Detail = result.StatusError, fmt.Sprintf("setup script exited %d", raw.Run.ExitCode)
 	}
@@ -391,7 +393,8 @@ func classify(p result.Phase) string {
 	case result.StatusTampered:
 		return result.Tampered
 	case result.StatusError:
-		if p.Name == TaskPhase || (p.Name == "apply" && (p.ExitCode == pytestproto.ExitNotAtBase || p.ExitCode == pytestproto.ExitTestsDoNotApply)) {
+		if p.Name == TaskPhase || (p.Name == "apply" && (p.ExitCode == pytestproto.ExitNotAtBase ||
+			p.ExitCode == pytestproto.ExitTestsDoNotApply || p.ExitCode == pytestproto.ExitGoldDoesNotApply)) {
 			return result.TaskError
 		}
 		return result.InfraError

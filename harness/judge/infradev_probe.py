@@ -4,35 +4,58 @@ A probe is a pytest test whose process (the judge) decides pass or fail. The jud
 imports the task's repository: the code under test may rewrite anything in the process that
 imports it (assertion helpers, the test runner, the report). So a probe sends a short driver
 program to a child process, the child runs the code under test and sends back plain data
-(JSON values, numpy arrays as raw bytes), and the judge checks that data with its own
-assertions and reference values.
+(JSON values, numpy arrays as raw bytes), and the judge checks that data.
 
-The child runs as another user (nobody) that cannot read the probes, their expected values
-or this file's caller; it gets a fresh stdin, inherits only its result pipe, and once its
-result is in or its time is up it is killed with every process it started, in its session or
-not (the judge is their subreaper), so nothing of one child reaches the next. Whatever the
-child sends is untrusted data: it is decoded, never unpickled or executed.
+The child is the submission's too: whatever runs there can rewrite what it sends (wrap
+``emit``, write its own result message, send NaN, answer from code it wrote for the probe). So
+a probe decides only from what the child cannot fake:
 
-    from infradev_probe import run
+- inputs drawn fresh for every attempt (``fresh``), never written in the probe file, so a
+  recorded answer is worthless next time;
+- references the judge computes itself, or that a **reference child** computes
+  (``reference``): the same driver over the gold tree, in a process that never loads the
+  submission and runs as a user the submission's children are not;
+- consequences the judge measures (``measure``: its own clock, the kernel's and the driver's
+  memory figures).
+
+    from infradev_probe import fresh, reference, run, same
 
     def test_state_dict_is_a_snapshot():
-        out = run('''
-            from minitron.optimizer import Adam
-            ...
-            emit(before=a, after=b)
-        ''')
-        np.testing.assert_array_equal(out["before"], out["after"])
+        rng = fresh()
+        args = {"seed": int(rng.integers(1 << 31)), "steps": int(rng.integers(2, 6))}
+        got = run(DRIVER, args)          # the submission
+        want = reference(DRIVER, args)   # gold, on the same fresh inputs
+        same(got, want)
 
 In the driver, ``ARGS`` holds the ``args`` given to ``run`` and ``emit(**values)`` records
 values to send back (JSON types, numpy arrays and scalars, torch tensors, bytes, nested in
 dicts with string keys and lists). ``run`` returns them as a dict; arrays come back as numpy
-arrays. If the driver raises, or the child dies before it finishes, ``run`` raises
-``ChildFailed`` (an AssertionError: the probe fails) with the child's traceback.
+arrays. NaN and infinities are refused (``ChildFailed``) unless the call says
+``allow_nan=True``: NaN equals NaN under numpy's array comparisons, so a child that sent NaN
+everywhere would pass a comparison of two of its own values. If the driver raises, or the child
+dies before it finishes, ``run`` raises ``ChildFailed`` (an AssertionError: the probe fails).
+
+The child runs as another user (nobody) that cannot read the probes, their expected values,
+the gold tree or the judge's memory; it starts isolated (no user site, neither its working
+directory nor the repository on ``sys.path`` until the boot code has imported what it needs,
+so a repository module named like a standard-library one cannot replace the boot's), gets a
+fresh stdin, inherits only its result pipe, and once its result is in or its time is up it is
+killed with every process it started, in its session or not (the judge is their subreaper).
+Its output is discarded: what it prints (the driver's source, say) never reaches a log the
+submitter sees; a failure says only which exception the child reported. The harness turns
+``INFRADEV_PROBE_VERBOSE`` on for task authors (validation), who see the child's output and
+tracebacks.
 
 ``measure`` runs a driver the same way and also returns the ``Usage`` the judge itself saw
 (wall time, host and GPU memory), for probes about resources: see its docstring for what the
-figures can and cannot show. ``run(..., repository=False)`` is a reference run that nothing
-of the repository can reach, to compare such figures with.
+figures can and cannot show. ``run(..., repository=False)`` is a reference run that nothing of
+any repository can reach, to compare such figures with.
+
+Validation checks that probes decide this way: it records what gold's children sent and
+replays it (``INFRADEV_PROBE_FORGE=replay``: a child that sends gold's messages verbatim), and
+tries the other forgeries a child can make (``mix``: the code under test's own values with
+every scalar taken from gold's recording; ``nan``: every float NaN). A probe that still passes
+decides from what the child reports, and is refused. Reference children are never forged.
 
 Loaded as a pytest plugin (``-p infradev_probe``), this module also keeps the judge honest:
 it refuses any import that would load a module from the task's repository.
@@ -40,8 +63,11 @@ it refuses any import that would load a module from the task's repository.
 
 import base64
 import collections
+import hashlib
 import json
+import math
 import os
+import secrets
 import select
 import signal
 import subprocess
@@ -50,18 +76,34 @@ import tempfile
 import textwrap
 import time
 
-__all__ = ["run", "measure", "Usage", "ChildFailed", "ChildTimeout", "workdir", "repo"]
+__all__ = ["run", "measure", "reference", "fresh", "same", "Usage", "ChildFailed", "ChildTimeout",
+           "workdir", "repo"]
 
 # The user the code under test runs as: it owns nothing and can read only what is world-readable.
 CHILD_UID = 65534
 CHILD_GID = 65534
+# The user reference children run as: the only one besides the judge that can read the gold
+# tree (its folder belongs to this group), and one the submission's children cannot signal.
+REF_UID = 65532
+REF_GID = 65532
+REF_USER = "infradev-reference"
 # The most a child may send back.
 MAX_RESULT_BYTES = 256 << 20
 _ALLOWED_KINDS = "biufc"  # bool, int, uint, float, complex: no object arrays
 
+# What the harness set for this phase (read once: nothing a probe does changes them).
+_VERBOSE = os.environ.get("INFRADEV_PROBE_VERBOSE") == "1"
+_RECORD = os.environ.get("INFRADEV_PROBE_RECORD") or None
+_FORGE = os.environ.get("INFRADEV_PROBE_FORGE") or None
+_RECORDED = os.environ.get("INFRADEV_PROBE_RECORDED") or None
+FORGERIES = ("replay", "mix", "nan")
+if _FORGE is not None and (_FORGE not in FORGERIES or not _RECORDED):
+    raise RuntimeError(f"INFRADEV_PROBE_FORGE={_FORGE!r}: want one of {FORGERIES} with INFRADEV_PROBE_RECORDED set")
+
 
 class ChildFailed(AssertionError):
-    """The code under test raised, or its process ended without sending a result."""
+    """The code under test raised, sent what is not plain data, or its process ended without
+    sending a result."""
 
 
 class ChildTimeout(ChildFailed):
@@ -83,18 +125,45 @@ def workdir(prefix="probe-"):
     return path
 
 
-def run(code, args=None, *, timeout=300, env=None, repository=True):
+def fresh():
+    """A numpy random Generator seeded from the operating system's entropy when called: draw a
+    probe's inputs from it, so that no attempt sees the inputs of another and a recorded answer
+    is worth nothing. Pass what the driver needs (sizes, values, a seed for torch) in ``args``."""
+    import numpy as np
+
+    return np.random.default_rng(secrets.randbits(128))
+
+
+def run(code, args=None, *, timeout=300, env=None, repository=True, allow_nan=False, oracle=None):
     """Runs ``code`` in a child process over the task's repository and returns what it emitted.
 
     ``args`` (JSON values and numpy arrays) is available to the driver as ``ARGS``; ``env``
     adds environment variables. The child is killed after ``timeout`` seconds. With
-    ``repository=False`` the repository is neither on the child's import path nor its working
-    directory: a reference run (a baseline to compare with) that no code under test can reach.
+    ``repository=False`` no repository is on the child's import path or its working directory:
+    a reference run (a baseline to compare with) that no code under test can reach; with
+    ``repository="reference"`` it is ``reference``. ``allow_nan`` accepts NaN and infinities
+    in what comes back.
+
+    ``oracle`` is a function of the judge's that the driver calls as ``ORACLE(*args)``: each
+    call goes to the judge, which runs ``oracle(*args)`` and sends back what it returns (plain
+    data, as for ``emit``). It is how a probe makes the code under test go through the judge:
+    a model whose weights only the judge knows, a transport whose bytes the judge counts. What
+    the oracle counts is the judge's own figure; what it is sent is the child's and is checked
+    like anything else the child sends. A call the oracle raises on comes back to the child as
+    a ``RuntimeError``.
     """
-    return _run(code, args, timeout, env, None, repository)
+    return _run(code, args, timeout, env, None, repository, allow_nan, oracle)
 
 
-def measure(code, args=None, *, timeout=300, env=None, gpu=False, repository=True):
+def reference(code, args=None, *, timeout=300, env=None, allow_nan=False, oracle=None):
+    """Runs ``code`` as ``run`` does, over the gold tree instead of the submission: the task's
+    repository at its base commit with the gold patch and the official tests applied, read by
+    a child that runs as its own user and never loads the submission. Compare what the
+    submission's child sends with this, on the same fresh ``args``."""
+    return _run(code, args, timeout, env, None, "reference", allow_nan, oracle)
+
+
+def measure(code, args=None, *, timeout=300, env=None, gpu=False, repository=True, allow_nan=False, oracle=None):
     """Runs ``code`` as ``run`` does and returns ``(values, usage)``: what it emitted, and a
     ``Usage`` of what the judge saw it use, measured from outside the child.
 
@@ -108,60 +177,158 @@ def measure(code, args=None, *, timeout=300, env=None, gpu=False, repository=Tru
     caching allocator keeps what it once took), not every transient allocation.
     """
     watch = _Watch(gpu)
-    values = _run(code, args, timeout, env, watch, repository)
+    values = _run(code, args, timeout, env, watch, repository, allow_nan, oracle)
     return values, watch.usage()
 
 
-def _run(code, args, timeout, env, watch, repository):
-    payload = json.dumps({"code": textwrap.dedent(code), "args": _encode(args or {})}).encode()
-    child_env = _child_env(env)
-    cwd = repo()
-    if not repository:
-        child_env.pop("PYTHONPATH", None)
-        child_env["PYTHONSAFEPATH"] = "1"  # nor the working directory first on sys.path
-        cwd = "/"
-    read_fd, write_fd = os.pipe()
-    os.set_inheritable(write_fd, True)
-    kwargs = {}
-    if os.geteuid() == 0:
-        kwargs.update(user=CHILD_UID, group=CHILD_GID, extra_groups=[])
+def same(got, want, *, rtol=0.0, atol=0.0, path="values"):
+    """Asserts that ``got`` (what the submission's child sent) equals ``want`` (a reference):
+    the same keys, lengths, types, array dtypes and shapes, numbers equal within ``rtol`` and
+    ``atol`` (exactly by default). The message names the first place that differs."""
+    import numpy as np
+
+    if isinstance(want, dict):
+        if not isinstance(got, dict):
+            raise AssertionError(f"{path}: got a {type(got).__name__}, want a dict")
+        if set(got) != set(want):
+            missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+            raise AssertionError(f"{path}: keys differ (missing {missing}, unexpected {extra})")
+        for k in want:
+            same(got[k], want[k], rtol=rtol, atol=atol, path=f"{path}[{k!r}]")
+        return
+    if isinstance(want, (list, tuple)):
+        if not isinstance(got, (list, tuple)) or len(got) != len(want):
+            raise AssertionError(f"{path}: got {_shape_of(got)}, want a list of {len(want)}")
+        for i, (g, w) in enumerate(zip(got, want)):
+            same(g, w, rtol=rtol, atol=atol, path=f"{path}[{i}]")
+        return
+    if isinstance(want, np.ndarray):
+        if not isinstance(got, np.ndarray):
+            raise AssertionError(f"{path}: got {_shape_of(got)}, want an array")
+        if got.shape != want.shape or got.dtype != want.dtype:
+            raise AssertionError(f"{path}: got {got.dtype}{list(got.shape)}, want {want.dtype}{list(want.shape)}")
+        if want.dtype.kind in "fc" and (rtol or atol):
+            bad = ~np.isclose(got, want, rtol=rtol, atol=atol)
+        else:
+            bad = got != want
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise AssertionError(f"{path}: {int(bad.sum())} of {want.size} elements differ, first at {list(where)}")
+        return
+    if isinstance(want, bool) or want is None or isinstance(want, (str, bytes)):
+        if type(got) is not type(want) or got != want:
+            raise AssertionError(f"{path}: got {_shape_of(got)} that differs from the reference's {type(want).__name__}")
+        return
+    if isinstance(want, (int, float)):
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            raise AssertionError(f"{path}: got {_shape_of(got)}, want a number")
+        if not math.isclose(got, want, rel_tol=rtol, abs_tol=atol) and got != want:
+            raise AssertionError(f"{path}: the number differs from the reference's")
+        return
+    raise TypeError(f"{path}: cannot compare a reference of type {type(want).__name__}")
+
+
+def _shape_of(v):
     try:
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is not None and isinstance(v, np.ndarray):
+        return f"an array {v.dtype}{list(v.shape)}"
+    if isinstance(v, (list, tuple)):
+        return f"a list of {len(v)}"
+    return f"a {type(v).__name__}"
+
+
+def _run(code, args, timeout, env, watch, repository, allow_nan, oracle=None):
+    code = textwrap.dedent(code)
+    forge = _FORGE if repository is True else None  # reference children are the judge's own
+    key = _next_key() if repository is True and (_RECORD or forge) else None
+    recorded = _recorded(key) if forge else None
+    payload = {"code": code, "args": _encode(args or {})}
+    if forge == "replay":
+        # A child that sends gold's message for this call verbatim, whatever the inputs are.
+        payload = {"code": "", "args": {}, "replay": base64.b64encode(recorded or b"").decode()}
+    data, status = _exchange(json.dumps(payload).encode(), timeout, env, watch, repository, oracle)
+    if key is not None and _RECORD and data is not None:
+        _record(key, data)
+    if forge in ("mix", "nan"):
+        data = _forged(forge, data, recorded)
+    if data is None:
+        raise ChildFailed(f"the child exited {status} without sending a result")
+    return _result(data, allow_nan)
+
+
+def _exchange(payload, timeout, env, watch, repository, oracle=None):
+    """Starts a child, hands it payload, serves its oracle calls, and returns (the message it
+    sent, or None; its exit status as words). Raises ChildTimeout or ChildFailed for a child
+    that ran out of time or sent an oversized or broken message."""
+    child_env = _child_env(env)
+    pythonpath = child_env.pop("PYTHONPATH")
+    cwd = repo()
+    kwargs = {}
+    as_root = os.geteuid() == 0
+    home = ""
+    if repository == "reference":
+        cwd = _reference_root()
+        pythonpath = os.environ.get("INFRADEV_REFERENCE_PYTHONPATH") or cwd
+        # A home of its own, which the child makes (the judge may not give files away) under
+        # a name nobody can guess: nothing the submission's children left in /tmp is in it.
+        home = f"/tmp/infradev-ref-{secrets.token_hex(16)}"
+        # The reference user has no passwd entry: name it, as getpass (and torch's caches,
+        # built from the user's name) look for it.
+        child_env.update(HOME=home, TMPDIR=home, USER=REF_USER, LOGNAME=REF_USER)
+        if as_root:
+            kwargs.update(user=REF_UID, group=REF_GID, extra_groups=[])
+    else:
+        if repository is False:
+            pythonpath, cwd = "", "/"
+        if as_root:
+            kwargs.update(user=CHILD_UID, group=CHILD_GID, extra_groups=[])
+    quiet = None if _VERBOSE else subprocess.DEVNULL
+    fds = []  # the judge's ends, then the child's
+    read_fd, write_fd = os.pipe()
+    fds += [read_fd, write_fd]
+    ask_r = ask_w = answer_r = answer_w = -1
+    if oracle is not None:
+        ask_r, ask_w = os.pipe()
+        answer_r, answer_w = os.pipe()
+        fds += [ask_r, ask_w, answer_r, answer_w]
+    child_fds = [f for f in (write_fd, ask_w, answer_r) if f >= 0]
+    for f in child_fds:
+        os.set_inheritable(f, True)
+    try:
+        # -s -P: no user site, and neither the working directory nor (PYTHONPATH is not set)
+        # the repository on sys.path while the interpreter and the boot code start.
         proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOT, str(write_fd)],
+            [sys.executable, "-s", "-P", "-c", _BOOT, str(write_fd), pythonpath, str(ask_w), str(answer_r), home],
             stdin=subprocess.PIPE,
+            stdout=quiet,
+            stderr=quiet,
             cwd=cwd,
             env=child_env,
-            pass_fds=(write_fd,),
+            pass_fds=tuple(child_fds),
             start_new_session=True,
             **kwargs,
         )
     except BaseException:
-        os.close(read_fd)
-        os.close(write_fd)
+        for f in fds:
+            os.close(f)
         raise
-    os.close(write_fd)
+    for f in child_fds:
+        os.close(f)
+    mine = [f for f in fds if f not in child_fds]
     if watch is not None:
         watch.start(proc.pid)
     deadline = time.monotonic() + timeout
-    header, data, timed_out = b"", b"", False
+    data, timed_out = None, False
     try:
         try:
             proc.stdin.write(payload)
             proc.stdin.close()
         except OSError:
             pass
-        # The result is a length and that many bytes: processes the child leaves behind may
-        # hold the pipe open, so the end of the result is not the end of the pipe.
-        header = _read_exactly(read_fd, 8, deadline, proc)
-        if header is None:
-            timed_out = True
-        elif len(header) == 8:
-            size = int.from_bytes(header, "big")
-            if size > MAX_RESULT_BYTES:
-                raise ChildFailed(f"the child sent a result of {size} bytes, over {MAX_RESULT_BYTES}")
-            data = _read_exactly(read_fd, size, deadline, proc)
-            if data is None:
-                timed_out = True
+        data, timed_out = _serve(read_fd, ask_r, answer_w, oracle, deadline, proc)
         if watch is not None:
             watch.received()
         if not timed_out:
@@ -170,17 +337,214 @@ def _run(code, args, timeout, env, watch, repository):
             except subprocess.TimeoutExpired:
                 timed_out = True
     finally:
-        os.close(read_fd)
+        for f in mine:
+            os.close(f)
         if watch is not None:
             watch.stop()
         _kill(proc)
     if timed_out:
         raise ChildTimeout(f"the code under test ran past {timeout}s and was killed")
-    if not header:
-        raise ChildFailed(f"the child exited {_status(proc.returncode)} without sending a result")
-    if len(header) < 8 or len(data) != int.from_bytes(header, "big"):
-        raise ChildFailed(f"the child exited {_status(proc.returncode)} in the middle of sending its result")
-    return _result(data)
+    status = _status(proc.returncode)
+    if data is None:
+        return None, status
+    if data is _BROKEN:
+        raise ChildFailed(f"the child exited {status} in the middle of sending its result")
+    return data, status
+
+
+_BROKEN = object()
+
+
+class _Framed:
+    """Length-prefixed messages (8 bytes, big-endian, then the bytes) read off a pipe."""
+
+    def __init__(self, fd, limit):
+        self.fd, self.limit, self.buf, self.eof = fd, limit, bytearray(), False
+
+    def feed(self):
+        chunk = os.read(self.fd, 1 << 20)
+        if not chunk:
+            self.eof = True
+        self.buf += chunk
+
+    def message(self):
+        """The next whole message, or None."""
+        if len(self.buf) < 8:
+            return None
+        size = int.from_bytes(self.buf[:8], "big")
+        if size > self.limit:
+            raise ChildFailed(f"the child sent a message of {size} bytes, over {self.limit}")
+        if len(self.buf) < 8 + size:
+            return None
+        msg = bytes(self.buf[8:8 + size])
+        del self.buf[:8 + size]
+        return msg
+
+
+def _serve(read_fd, ask_r, answer_w, oracle, deadline, proc):
+    """Waits for the child's result, answering its oracle calls meanwhile. Returns (result
+    bytes, or None when the child sent none, or _BROKEN for half a result; timed out).
+
+    The result is a length and that many bytes: processes the child leaves behind may hold the
+    pipe open, so the end of the result is not the end of the pipe."""
+    result = _Framed(read_fd, MAX_RESULT_BYTES)
+    asks = _Framed(ask_r, MAX_RESULT_BYTES) if oracle is not None else None
+    while True:
+        got = result.message()
+        if got is not None:
+            return got, False
+        if result.eof:
+            return (_BROKEN if result.buf else None), False
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None, True
+        watched = [read_fd] + ([ask_r] if asks is not None and not asks.eof else [])
+        ready, _, _ = select.select(watched, [], [], min(left, 0.5))
+        if not ready:
+            if proc.poll() is not None and not select.select(watched, [], [], 0)[0]:
+                return (_BROKEN if result.buf else None), False
+            continue
+        if read_fd in ready:
+            result.feed()
+        if asks is not None and ask_r in ready:
+            asks.feed()
+            while (call := asks.message()) is not None:
+                reply = _answer(oracle, call)
+                try:
+                    _write_all(answer_w, len(reply).to_bytes(8, "big") + reply)
+                except OSError:
+                    pass  # the child stopped listening
+
+
+def _answer(oracle, call):
+    """The judge's answer to one oracle call: what oracle returns for the call's arguments, or
+    the reason it refused them (a call the judge cannot decode or will not answer)."""
+    try:
+        args = _decode(json.loads(call, parse_constant=_refuse_constant))
+        if not isinstance(args, list):
+            raise ValueError("an oracle call is a list of arguments")
+        return json.dumps({"ok": True, "value": _encode(oracle(*args))}).encode()
+    except Exception as e:  # noqa: BLE001 - the reason goes back to the child, not into the verdict
+        return json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}).encode()
+
+
+def _refuse_constant(name):
+    raise ValueError(f"{name} is not accepted")
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _reference_root():
+    path = os.environ.get("INFRADEV_REFERENCE")
+    if not path:
+        raise RuntimeError("INFRADEV_REFERENCE is not set: this phase has no gold tree to run a reference child over")
+    return path
+
+
+# Recording and forging (validation only). A probe's calls are numbered in the order it makes
+# them; the same probe makes the same calls on other inputs, so gold's n-th message is what a
+# forger would send for the n-th call.
+_calls = collections.Counter()
+
+
+def _current_test():
+    return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+
+
+def _next_key():
+    test = _current_test()
+    n = _calls[test]
+    _calls[test] += 1
+    return hashlib.sha256(test.encode()).hexdigest()[:32], n, test
+
+
+def _record(key, data):
+    folder = os.path.join(_RECORD, key[0])
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "test"), "w") as f:
+        f.write(key[2])
+    tmp = os.path.join(folder, f".{key[1]}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, os.path.join(folder, str(key[1])))
+
+
+def _recorded(key):
+    try:
+        with open(os.path.join(_RECORDED, key[0], str(key[1])), "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def _forged(forge, data, recorded):
+    """What a forging child would have sent: ``mix`` keeps the code under test's own values
+    and takes every scalar from gold's recording (a child that answers from the base code and
+    fakes its counters), falling back to gold's whole message where the code under test raised;
+    ``nan`` turns every float into NaN."""
+    mine = _loads(data)
+    gold = _loads(recorded)
+    if not (isinstance(mine, dict) and mine.get("ok") is True):
+        mine = gold
+    elif forge == "mix" and isinstance(gold, dict) and gold.get("ok") is True:
+        mine = {"ok": True, "values": _mix(mine.get("values"), gold.get("values"))}
+    if mine is None:
+        return data
+    if forge == "nan":
+        mine = _nan(mine)
+    return json.dumps(mine).encode()
+
+
+def _loads(data):
+    if data is None:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+def _is_wrapped(v):
+    return isinstance(v, dict) and len(v) == 1 and next(iter(v)) in ("__nd__", "__bytes__")
+
+
+def _mix(mine, gold):
+    if isinstance(mine, dict) and isinstance(gold, dict) and not _is_wrapped(mine) and not _is_wrapped(gold):
+        out = {k: _mix(v, gold[k]) if k in gold else v for k, v in mine.items()}
+        out.update({k: v for k, v in gold.items() if k not in out})
+        return out
+    if isinstance(mine, list) and isinstance(gold, list) and len(mine) == len(gold):
+        return [_mix(a, b) for a, b in zip(mine, gold)]
+    scalar = (bool, int, float, str, type(None))
+    if isinstance(mine, scalar) and isinstance(gold, scalar):
+        return gold
+    return mine
+
+
+def _nan(v):
+    if isinstance(v, dict) and set(v) == {"__nd__"}:
+        try:
+            import numpy as np
+
+            dt, shape, _ = v["__nd__"]
+            dtype = np.dtype(dt)
+            if dtype.kind in "fc":
+                arr = np.full(tuple(shape), np.nan, dtype=dtype)
+                return {"__nd__": [dt, shape, base64.b64encode(arr.tobytes()).decode()]}
+        except (TypeError, ValueError, ImportError):
+            pass
+        return v
+    if isinstance(v, dict):
+        return {k: _nan(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_nan(x) for x in v]
+    if isinstance(v, float):
+        return float("nan")
+    return v
 
 
 class Usage(collections.namedtuple("Usage", "wall_seconds host_peak_bytes gpu_peak_bytes samples")):
@@ -357,30 +721,12 @@ class _Nvml:
         return total
 
 
-def _read_exactly(fd, n, deadline, proc):
-    """Reads n bytes from fd; fewer if it ends first or the child exits with nothing more
-    sent (what it left behind may keep the pipe open); None if the deadline passes."""
-    buf = bytearray()
-    while len(buf) < n:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        ready, _, _ = select.select([fd], [], [], min(left, 0.5))
-        if not ready:
-            if proc.poll() is not None and not select.select([fd], [], [], 0)[0]:
-                break
-            continue
-        chunk = os.read(fd, min(n - len(buf), 1 << 20))
-        if not chunk:
-            break
-        buf += chunk
-    return bytes(buf)
-
-
 def _child_env(extra):
     env = {k: v for k, v in os.environ.items()
            if not (k.startswith("INFRADEV_") or k.startswith("PYTEST_") or k in _JUDGE_ONLY)}
     env.update({
+        # Not the child interpreter's own PYTHONPATH: the boot code puts it on sys.path, and in
+        # the environment for what the child starts, once it has imported what it needs.
         "PYTHONPATH": os.environ.get("INFRADEV_CHILD_PYTHONPATH") or repo(),
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONNOUSERSITE": "1",
@@ -454,19 +800,38 @@ def _become_subreaper():
 _become_subreaper()
 
 
-def _result(data):
+def _result(data, allow_nan=False):
+    def constant(name):
+        if not allow_nan:
+            raise ChildFailed(f"the child sent {name}, which this probe does not accept")
+        return float(name)
+
     try:
-        msg = json.loads(data)
+        msg = json.loads(data, parse_constant=constant)
     except ValueError as e:
         raise ChildFailed(f"the child sent something that is not JSON: {e}") from None
     if not isinstance(msg, dict) or msg.get("ok") not in (True, False):
         raise ChildFailed("the child sent a malformed result")
     if not msg["ok"]:
-        raise ChildFailed("the code under test raised:\n" + str(msg.get("error", ""))[:20000])
-    values = _decode(msg.get("values"))
+        raise ChildFailed("the code under test raised " + _failure(msg.get("error"), msg.get("type")))
+    values = _decode(msg.get("values"), allow_nan)
     if not isinstance(values, dict):
         raise ChildFailed("the child sent a malformed result")
     return values
+
+
+def _failure(error, kind):
+    """What a failure message may say of the child's traceback. Its text is the child's: it
+    could carry the driver's source or the probe's inputs to the run folder, where the next
+    submission's author reads it. So only the exception's name is shown, unless the harness
+    runs the probes for their authors."""
+    text = str(error or "")
+    if _VERBOSE:
+        return ":\n" + text[:20000]
+    name = kind if isinstance(kind, str) else ""
+    if not (0 < len(name) <= 64 and all(p.isidentifier() for p in name.split("."))):
+        name = "an exception"
+    return name + " (the child's traceback is shown to the task's authors only)"
 
 
 def _status(code):
@@ -496,19 +861,19 @@ def _encode(v):
     return v
 
 
-def _decode(v):
+def _decode(v, allow_nan=False):
     if isinstance(v, list):
-        return [_decode(x) for x in v]
+        return [_decode(x, allow_nan) for x in v]
     if not isinstance(v, dict):
         return v
     if set(v) == {"__nd__"}:
-        return _array(v["__nd__"])
+        return _array(v["__nd__"], allow_nan)
     if set(v) == {"__bytes__"}:
         return base64.b64decode(v["__bytes__"], validate=True)
-    return {k: _decode(x) for k, x in v.items()}
+    return {k: _decode(x, allow_nan) for k, x in v.items()}
 
 
-def _array(spec):
+def _array(spec, allow_nan=False):
     import numpy as np
 
     try:
@@ -527,7 +892,10 @@ def _array(spec):
         count *= n
     if count * dtype.itemsize != len(raw):
         raise ChildFailed("the child sent an array whose bytes do not match its shape")
-    return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+    arr = np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+    if dtype.kind in "fc" and not allow_nan and not np.isfinite(arr).all():
+        raise ChildFailed("the child sent an array holding NaN or infinities, which this probe does not accept")
+    return arr
 
 
 # Driver code for probes whose scenario needs several ranks (one process per GPU, or per CPU
@@ -620,6 +988,10 @@ def spawn_ranks(world, fn, payload, timeout, *, cuda=True):
 _BOOT = r'''
 import base64, json, os, sys, traceback
 _fd = int(sys.argv[1])
+_path = sys.argv[2]
+_ask, _answer = int(sys.argv[3]), int(sys.argv[4])
+if sys.argv[5]:
+    os.mkdir(sys.argv[5], 0o700)
 _msg = json.loads(sys.stdin.buffer.read())
 sys.stdin.close()
 del sys.argv[1:]
@@ -678,12 +1050,60 @@ def _send(obj):
         n = os.write(_fd, view)
         view = view[n:]
 
-_g = {"__name__": "__probe_driver__", "ARGS": _dec(_msg["args"]), "emit": emit}
+# Processes the driver forks (ranks) share the oracle's pipes: a call is one request and its
+# answer, under a POSIX lock (held per process, so forked ranks take turns).
+if _ask >= 0:
+    import fcntl
+    _lock = os.open("/tmp/.infradev-oracle-%d" % os.getpid(), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.unlink("/tmp/.infradev-oracle-%d" % os.getpid())
+
+def ORACLE(*args):
+    if _ask < 0:
+        raise RuntimeError("this probe gave its driver no oracle")
+    data = json.dumps(_enc(list(args))).encode()
+    fcntl.lockf(_lock, fcntl.LOCK_EX)
+    try:
+        view = memoryview(len(data).to_bytes(8, "big") + data)
+        while view:
+            view = view[os.write(_ask, view):]
+        head = b""
+        while len(head) < 8:
+            chunk = os.read(_answer, 8 - len(head))
+            if not chunk:
+                raise RuntimeError("the judge closed the oracle")
+            head += chunk
+        size, body = int.from_bytes(head, "big"), b""
+        while len(body) < size:
+            chunk = os.read(_answer, min(size - len(body), 1 << 20))
+            if not chunk:
+                raise RuntimeError("the judge closed the oracle")
+            body += chunk
+    finally:
+        fcntl.lockf(_lock, fcntl.LOCK_UN)
+    reply = json.loads(body)
+    if not reply.get("ok"):
+        raise RuntimeError("the oracle refused the call: " + str(reply.get("error")))
+    return _dec(reply["value"])
+
+if "replay" in _msg:
+    # A forger's child (validation only): gold's message, sent as it was recorded.
+    _raw = base64.b64decode(_msg["replay"])
+    _view = memoryview(len(_raw).to_bytes(8, "big") + _raw)
+    while _view:
+        _view = _view[os.write(_fd, _view):]
+    os._exit(0)
+
+_args = _dec(_msg["args"])
+# Only now, with everything the boot needs imported, is the repository importable.
+if _path:
+    sys.path[0:0] = [p for p in _path.split(":") if p]
+    os.environ["PYTHONPATH"] = _path
+_g = {"__name__": "__main__", "ARGS": _args, "emit": emit, "ORACLE": ORACLE}
 try:
-    exec(compile(_msg["code"], "<probe driver>", "exec"), _g)
+    exec(compile(_msg["code"], "<string>", "exec"), _g)
     _out = {"ok": True, "values": _enc(_values)}
-except BaseException:
-    _out = {"ok": False, "error": traceback.format_exc()}
+except BaseException as _e:
+    _out = {"ok": False, "error": traceback.format_exc(), "type": type(_e).__name__}
 try:
     sys.stdout.flush()
     sys.stderr.flush()

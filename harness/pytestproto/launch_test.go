@@ -16,7 +16,7 @@ import (
 const rankScript = `
 import os, signal, sys, time
 r = int(os.environ["RANK"])
-nonce = os.read(3, 256).decode()
+nonce = os.read(3, 256).decode().split("\n")[0]
 doc = '<r rank="%s" local="%s" world="%s" addr="%s" port="%s"/>' % (r, os.environ["LOCAL_RANK"],
     os.environ["WORLD_SIZE"], os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
 os.write(4, (doc + "\n<!-- infradev-report " + nonce + " -->\n").encode())
@@ -41,7 +41,7 @@ func launch(t *testing.T, acts []string) (int, []string, []error, time.Duration)
 		"/usr/bin/python3", filepath.Join(dir, "rank.py"), strings.Join(acts, ","))...)
 	cmd.Env = append(os.Environ(), "INFRADEV_LAUNCH_GRACE=2")
 	for range acts {
-		ch, err := OpenReportChannel()
+		ch, err := OpenReportChannel(nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -26,7 +26,9 @@ const (
 )
 
 // ReportChannel is the pair of pipes through which a test phase's JUnit report leaves the
-// sandbox: the nonce goes in on fd 3, the report comes out on fd 4.
+// sandbox: the nonce, and the node ids the phase runs, go in on fd 3 (read by the report plugin
+// before any test module is imported, so the code under test finds no list of what runs on
+// disk or in the pipe); the report comes out on fd 4.
 type ReportChannel struct {
 	nonce      []byte
 	nonceRead  *os.File
@@ -40,7 +42,9 @@ type reportData struct {
 	err      error
 }
 
-func OpenReportChannel() (*ReportChannel, error) {
+// OpenReportChannel makes a phase's channel; ids are the node ids the phase runs (nil: every
+// test collected).
+func OpenReportChannel(ids []string) (*ReportChannel, error) {
 	raw := make([]byte, 24)
 	if _, err := rand.Read(raw); err != nil {
 		return nil, err
@@ -50,12 +54,15 @@ func OpenReportChannel() (*ReportChannel, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := nw.Write(c.nonce); err != nil {
-		nr.Close()
-		nw.Close()
-		return nil, err
+	msg := append(append([]byte{}, c.nonce...), '\n')
+	if ids != nil {
+		msg = append(msg, []byte("select\n"+strings.Join(ids, "\n")+"\n")...)
 	}
-	nw.Close()
+	// More than a pipe holds blocks until the plugin reads it: written beside the run.
+	go func() {
+		_, _ = nw.Write(msg)
+		nw.Close()
+	}()
 	rr, rw, err := os.Pipe()
 	if err != nil {
 		nr.Close()

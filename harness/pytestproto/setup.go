@@ -31,13 +31,22 @@ const (
 	ProbesMount = "/run/infradev/probes"
 )
 
-// Exit codes of the setup script. 30 and 32 are decided before the submission is applied
+// Exit codes of the setup script. 30, 32 and 33 are decided before the submission is applied
 // (faults of the task); 20 and 21 are the submission's.
 const (
 	ExitPatchDoesNotApply = 20 // git apply refused the submission
 	ExitSetupOverPatch    = 21 // the official tests could not be put in place over the submission
 	ExitNotAtBase         = 30 // the task repository is not at its base commit
 	ExitTestsDoNotApply   = 32 // the official test patch does not apply at the base commit
+	ExitGoldDoesNotApply  = 33 // the gold patch does not apply over the official tests
+)
+
+// Reference is where the setup script writes the gold tree's difference from the base commit
+// (files under Reference/, relative to the repository; the removed paths, NUL-separated, in
+// ReferenceDeleted), in its output folder.
+const (
+	Reference        = "reference"
+	ReferenceDeleted = "reference.deleted"
 )
 
 // MaxChanges bounds what the static scan reads of a patch's files (a small binary delta can
@@ -78,12 +87,14 @@ type applyConfig struct {
 	Base string `json:"base"`
 	// TestRoots are directories wholly owned by the official tests: every file under them is
 	// set to the official tree, whatever the submission did.
-	TestRoots    []string          `json:"test_roots"`
-	Official     []string          `json:"official"`
-	RunnerConfig []string          `json:"runner_config"`
-	Canaries     map[string]string `json:"canaries"`
-	Cheat        *cheatConfig      `json:"cheat,omitempty"`
-	MaxChanges   int               `json:"max_changes"`
+	TestRoots    []string       `json:"test_roots"`
+	Official     []string       `json:"official"`
+	RunnerConfig []string       `json:"runner_config"`
+	Canaries     []canary.Plant `json:"canaries"`
+	Cheat        *cheatConfig   `json:"cheat,omitempty"`
+	MaxChanges   int            `json:"max_changes"`
+	// Reference asks for the gold tree (gold.patch is staged beside the submission).
+	Reference bool `json:"reference,omitempty"`
 }
 
 type cheatConfig struct {
@@ -114,15 +125,24 @@ func TestRoots(files []string) []string {
 }
 
 // StageApply writes the setup phase's read-only inputs; files are the official test files.
-func StageApply(dir string, t *task.Task, files []string, patch []byte, c *canary.Set, ch *cheat.Cheat) error {
+// With reference set, the setup script also writes the gold tree (see Reference).
+func StageApply(dir string, t *task.Task, files []string, patch []byte, c *canary.Set, ch *cheat.Cheat, reference bool) error {
 	tp, err := os.ReadFile(t.TestPatchFile())
 	if err != nil {
 		return fmt.Errorf("task %s: %w", t.ID, err)
 	}
 	cfg := applyConfig{Base: t.Repo.BaseCommit, TestRoots: TestRoots(files), Official: files,
-		RunnerConfig: runnerConfig, MaxChanges: MaxChanges}
+		RunnerConfig: runnerConfig, MaxChanges: MaxChanges, Reference: reference}
+	staged := map[string][]byte{}
+	if reference {
+		gold, err := os.ReadFile(t.GoldFile())
+		if err != nil {
+			return fmt.Errorf("task %s: %w", t.ID, err)
+		}
+		staged["gold.patch"] = gold
+	}
 	if c != nil {
-		cfg.Canaries = c.Append
+		cfg.Canaries = c.Plants
 	}
 	if ch != nil {
 		cfg.Cheat = &cheatConfig{Module: ch.Module, Source: ch.Source}
@@ -131,18 +151,15 @@ func StageApply(dir string, t *task.Task, files []string, patch []byte, c *canar
 	if err != nil {
 		return err
 	}
-	return writeFiles(dir, map[string][]byte{
-		"apply.json":       js,
-		"apply.py":         setupScript,
-		"submission.patch": patch,
-		"tests.patch":      tp,
-	})
+	staged["apply.json"], staged["apply.py"], staged["submission.patch"], staged["tests.patch"] = js, setupScript, patch, tp
+	staged[canary.PlanterModule+".py"] = canary.Planter
+	return writeFiles(dir, staged)
 }
 
-// StageTests writes the official tests phase's inputs: the report plugin and the ids to run.
-func StageTests(dir string, ids []string) error {
-	return writeFiles(dir, map[string][]byte{ReportPluginName + ".py": reportPlugin, "launch.py": launchScript,
-		"ids.txt": []byte(strings.Join(ids, "\n") + "\n")})
+// StageTests writes the official tests phase's inputs: the report plugin and the rank
+// launcher. The ids to run go through the report channel (OpenReportChannel), never a file.
+func StageTests(dir string) error {
+	return writeFiles(dir, map[string][]byte{ReportPluginName + ".py": reportPlugin, "launch.py": launchScript})
 }
 
 // StageProbes writes the probe phases' inputs: the report plugin, the judge library and the

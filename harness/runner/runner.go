@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"path"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -42,6 +44,9 @@ import (
 
 // Inputs are everything an attempt depends on (package attempt).
 type Inputs = attempt.Inputs
+
+// ProbeMode is how validation runs an attempt's probes (package attempt).
+type ProbeMode = attempt.ProbeMode
 
 // Runner runs attempts. Hand-wire it in main; tests may give it another Sandbox.
 type Runner struct {
@@ -167,10 +172,18 @@ func (r *Runner) Digests(in Inputs) (result.Inputs, error) {
 		return result.Inputs{}, err
 	}
 	patch := digest.Bytes(in.Patch)
-	if in.Cheat != "" || in.AllPhases {
-		// A validation run (an added cheat, every phase run) is never the submission's own
-		// result: it is keyed apart.
-		patch = digest.Bytes([]byte(fmt.Sprintf("%s\x00cheat=%s\x00all-phases=%t", patch, in.Cheat, in.AllPhases)))
+	if in.Validation() {
+		// A validation run (an added cheat, every phase run, probes recorded or forged) is
+		// never the submission's own result: it is keyed apart.
+		mode := in.Probe
+		if mode.Recorded != "" {
+			d, err := digest.Files(mode.Recorded, nil)
+			if err != nil {
+				return result.Inputs{}, fmt.Errorf("the recording to forge from: %w", err)
+			}
+			mode.Recorded = d
+		}
+		patch = digest.Bytes([]byte(fmt.Sprintf("%s\x00cheat=%s\x00all-phases=%t\x00probe=%+v", patch, in.Cheat, in.AllPhases, mode)))
 	}
 	return result.Inputs{Task: td, Environment: in.Image, Probes: pd, Patch: patch, Harness: r.Harness, Hardware: r.hardware()}, nil
 }
@@ -248,6 +261,9 @@ func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result
 	if ap.Status != result.StatusPassed {
 		return nil
 	}
+	if err := a.mountReference(); err != nil {
+		return err
+	}
 	// Phase 2: the static scan of what the patch left on disk.
 	integrity := grade.Integrity(findings)
 	res.Phases = append(res.Phases, integrity)
@@ -256,6 +272,14 @@ func (r *Runner) attempt(ctx context.Context, in Inputs, out string, res *result
 	}
 
 	// Phase 3: the official tests with the canaries among them, graded from the sealed report.
+	if in.Probe.Only {
+		probesPhase, err := a.runProbes(ctx, out, in)
+		if err != nil {
+			return err
+		}
+		res.Phases = append(res.Phases, probesPhase)
+		return nil
+	}
 	ids := interleave(t.Tests.IDs(), canaries.IDs())
 	raw, err := a.tests(ctx, out, "tests", ids)
 	if err != nil {
@@ -315,9 +339,16 @@ type attemptEnv struct {
 	work     string
 	probeDir string
 	ov       *sandbox.Overlay
-	base     sandbox.Spec
+	// ref is the gold tree (read-only, over the same layers) the probes' reference children
+	// read; nil until mountReference.
+	ref  *sandbox.Overlay
+	base sandbox.Spec
 	// files are the official test files: what the setup puts back and canaries go into.
 	files []string
+	// stack is the environment's layers, bottom first.
+	stack []string
+	// childPath is the probes' children's PYTHONPATH over the submission.
+	childPath string
 }
 
 // open prepares an attempt's sandbox: scratch, overlay, probes copy, environment, GPUs.
@@ -344,6 +375,7 @@ func (r *Runner) open(ctx context.Context, in Inputs) (*attemptEnv, error) {
 	if err != nil {
 		return nil, fmt.Errorf("environment: %w", err)
 	}
+	a.stack = stack
 	// The probes are mounted from a copy of exactly what their digest covers (the given
 	// directory may reach its files through links the sandbox cannot follow, as Bazel's
 	// runfiles do, and the copy cannot change mid-attempt), readable by root only: the code
@@ -376,6 +408,7 @@ func (r *Runner) open(ctx context.Context, in Inputs) (*attemptEnv, error) {
 	if imagePath != "" {
 		harnessPath += ":" + imagePath
 	}
+	a.childPath = childPath
 	env := sandbox.MergeEnv(cfg.Config.Env, "PYTHONPATH="+harnessPath, "INFRADEV_CHILD_PYTHONPATH="+childPath,
 		// PYTHONSAFEPATH: the working directory (the repository) is not put first on sys.path,
 		// so a repository cannot shadow the test runner's own modules.
@@ -394,6 +427,9 @@ func (r *Runner) open(ctx context.Context, in Inputs) (*attemptEnv, error) {
 }
 
 func (a *attemptEnv) close() {
+	if a.ref != nil {
+		a.ref.Unmount()
+	}
 	if a.ov != nil {
 		a.ov.Unmount()
 	}
@@ -405,11 +441,11 @@ func (a *attemptEnv) close() {
 func (a *attemptEnv) apply(ctx context.Context, out string, patch []byte, c *canary.Set, ch *cheat.Cheat) (result.Phase, []tamper.Finding, error) {
 	t := a.in.Task
 	dir := filepath.Join(a.work, "in-apply")
-	if err := pytestproto.StageApply(dir, t, a.files, patch, c, ch); err != nil {
+	if err := pytestproto.StageApply(dir, t, a.files, patch, c, ch, a.wantsReference()); err != nil {
 		return result.Phase{}, nil, err
 	}
 	mounts := []sandbox.Mount{{Source: dir, Dest: inDir, ReadOnly: true}}
-	raw, err := a.run(ctx, out, "apply", a.base, mounts, pytestproto.ApplyCommand, t.Timeouts.ApplyD, 0)
+	raw, err := a.run(ctx, out, "apply", a.base, mounts, pytestproto.ApplyCommand, t.Timeouts.ApplyD, 0, nil)
 	if err != nil {
 		return result.Phase{}, nil, err
 	}
@@ -417,7 +453,19 @@ func (a *attemptEnv) apply(ctx context.Context, out string, patch []byte, c *can
 	if p.Status != result.StatusPassed {
 		return p, nil, nil
 	}
+	if c != nil {
+		// The setup script named and placed the canaries from the official files alone.
+		if err := resolveCanaries(filepath.Join(a.work, "out-apply", "canaries.json"), c); err != nil {
+			return result.Phase{}, nil, err
+		}
+	}
 	data, err := readLimited(filepath.Join(a.work, "out-apply", "changes.tar"), maxChanges+(16<<20))
+	if errors.Is(err, errOverLimit) {
+		// The setup script stops at the limit; an archive past it still came from what the
+		// patch wrote (nothing else runs in this phase), so it is the submission's limit.
+		p.Status, p.Detail = result.StatusFailed, fmt.Sprintf("the patch writes more than %d MiB", maxChanges>>20)
+		return p, nil, nil
+	}
 	if err != nil {
 		return result.Phase{}, nil, fmt.Errorf("the setup script's changes.tar: %w", err)
 	}
@@ -436,6 +484,91 @@ func (a *attemptEnv) apply(ctx context.Context, out string, patch []byte, c *can
 	return p, tamper.Scan(changes), nil
 }
 
+// Where the probe phases see the gold tree: a folder only reference children (their group)
+// and the judge can enter, holding the repository as gold and the official tests leave it.
+const (
+	refMount = "/run/infradev/ref"
+	refRepo  = refMount + "/repo"
+	// refGID is the group of the judge library's reference children (infradev_probe.REF_GID).
+	refGID = 65532
+)
+
+// wantsReference: the probes get a gold tree to run reference children over.
+func (a *attemptEnv) wantsReference() bool {
+	return a.in.Probes != nil && len(a.in.Probes.Probes) > 0 && a.in.Task.GoldFile() != ""
+}
+
+// mountReference lays the gold tree the setup script wrote over the environment's layers, as
+// a read-only overlay the probe phases mount for their reference children.
+func (a *attemptEnv) mountReference() error {
+	if !a.wantsReference() {
+		return nil
+	}
+	outDir := filepath.Join(a.work, "out-apply")
+	layer := filepath.Join(a.work, "ref-layer")
+	repoDir := filepath.Join(layer, strings.TrimPrefix(a.in.Task.Repo.Path, "/"))
+	if err := os.MkdirAll(filepath.Dir(repoDir), 0o755); err != nil {
+		return err
+	}
+	if err := os.Rename(filepath.Join(outDir, pytestproto.Reference), repoDir); err != nil {
+		return fmt.Errorf("the setup script's gold tree: %w", err)
+	}
+	deleted, err := os.ReadFile(filepath.Join(outDir, pytestproto.ReferenceDeleted))
+	if err != nil {
+		return fmt.Errorf("the setup script's gold tree: %w", err)
+	}
+	for _, p := range strings.Split(string(deleted), "\x00") {
+		if p == "" {
+			continue
+		}
+		if !filepath.IsLocal(p) {
+			return fmt.Errorf("the setup script's gold tree: a removed path %q outside the repository", p)
+		}
+		// An overlay whiteout: a character device 0/0 hides the lower layers' file.
+		w := filepath.Join(repoDir, p)
+		if err := os.MkdirAll(filepath.Dir(w), 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mknod(w, unix.S_IFCHR, 0); err != nil {
+			return fmt.Errorf("the gold tree's whiteout for %s: %w", p, err)
+		}
+	}
+	a.ref, err = sandbox.MountLayers(append(append([]string{}, a.stack...), layer), filepath.Join(a.work, "ref"))
+	if err != nil {
+		return fmt.Errorf("the gold tree: %w", err)
+	}
+	// The folder the tree is mounted in: root and the reference children's group only.
+	door := filepath.Join(a.work, "ref-door")
+	if err := os.MkdirAll(filepath.Join(door, "repo"), 0o755); err != nil {
+		return err
+	}
+	if err := os.Chown(door, 0, refGID); err != nil {
+		return err
+	}
+	return os.Chmod(door, 0o750)
+}
+
+// resolveCanaries gives the canaries the node ids the setup script planted them under.
+func resolveCanaries(file string, c *canary.Set) error {
+	data, err := readLimited(file, 1<<20)
+	if err != nil {
+		return fmt.Errorf("the setup script's canaries: %w", err)
+	}
+	var byIndex map[string]string
+	if err := json.Unmarshal(data, &byIndex); err != nil {
+		return fmt.Errorf("the setup script's canaries: %w", err)
+	}
+	ids := map[int]string{}
+	for k, id := range byIndex {
+		i, err := strconv.Atoi(k)
+		if err != nil {
+			return fmt.Errorf("the setup script's canaries: index %q", k)
+		}
+		ids[i] = id
+	}
+	return c.Resolve(ids)
+}
+
 // readLimited reads a file of at most limit bytes.
 func readLimited(path string, limit int64) ([]byte, error) {
 	f, err := os.Open(path)
@@ -445,10 +578,13 @@ func readLimited(path string, limit int64) ([]byte, error) {
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err == nil && int64(len(data)) > limit {
-		err = fmt.Errorf("over %d bytes", limit)
+		err = fmt.Errorf("%w: over %d bytes", errOverLimit, limit)
 	}
 	return data, err
 }
+
+// errOverLimit: a file was larger than readLimited reads.
+var errOverLimit = errors.New("over the limit")
 
 // maxChanges bounds what the static scan reads of a patch's files.
 const maxChanges = pytestproto.MaxChanges
@@ -457,7 +593,7 @@ const maxChanges = pytestproto.MaxChanges
 // their files are collected whole and the report plugin keeps exactly these ids.
 func (a *attemptEnv) tests(ctx context.Context, out, name string, ids []string) (grade.Raw, error) {
 	dir := filepath.Join(a.work, "in-"+name)
-	if err := pytestproto.StageTests(dir, ids); err != nil {
+	if err := pytestproto.StageTests(dir); err != nil {
 		return grade.Raw{}, err
 	}
 	mounts := []sandbox.Mount{{Source: dir, Dest: inDir, ReadOnly: true}}
@@ -469,9 +605,9 @@ func (a *attemptEnv) tests(ctx context.Context, out, name string, ids []string) 
 			files = append(files, f)
 		}
 	}
-	args := append(append(pytestproto.Command(nil, ""), pytestproto.Plugins(a.in.Task)...), "--infradev-select="+inDir+"/ids.txt")
+	args := append(append(pytestproto.Command(nil, ""), pytestproto.Plugins(a.in.Task)...), "--infradev-select")
 	ranks := max(1, a.in.Task.Tests.Ranks)
-	return a.run(ctx, out, name, a.base, mounts, pytestproto.Launch(ranks, append(args, files...)), a.in.Task.Timeouts.TestsD, ranks)
+	return a.run(ctx, out, name, a.base, mounts, pytestproto.Launch(ranks, append(args, files...)), a.in.Task.Timeouts.TestsD, ranks, ids)
 }
 
 func (a *attemptEnv) runProbes(ctx context.Context, out string, in Inputs) (result.Phase, error) {
@@ -480,8 +616,8 @@ func (a *attemptEnv) runProbes(ctx context.Context, out string, in Inputs) (resu
 	if err := pytestproto.StageProbes(dir); err != nil {
 		return result.Phase{}, err
 	}
-	spec := a.judgeSpec()
-	mounts := []sandbox.Mount{{Source: dir, Dest: inDir, ReadOnly: true}, {Source: a.probeDir, Dest: probesMount, ReadOnly: true}}
+	spec, extra := a.judgeSpec()
+	mounts := append([]sandbox.Mount{{Source: dir, Dest: inDir, ReadOnly: true}, {Source: a.probeDir, Dest: probesMount, ReadOnly: true}}, extra...)
 	var plain []string
 	infos := map[string]grade.ProbeInfo{}
 	for _, p := range in.Probes.Probes {
@@ -491,15 +627,55 @@ func (a *attemptEnv) runProbes(ctx context.Context, out string, in Inputs) (resu
 		}
 	}
 	phase := result.Phase{Name: "probes", Status: result.StatusPassed}
+	probeRun := func(name string, ids []string) (grade.Raw, error) {
+		// Outside validation the phase's log and report stay in the scratch folder: only the
+		// sanitized report reaches the run folder.
+		dst := out
+		if !in.Probe.Authors {
+			dst = filepath.Join(a.work, "private")
+			for _, d := range []string{filepath.Join(dst, "logs"), filepath.Join(dst, "raw")} {
+				if err := os.MkdirAll(d, 0o755); err != nil {
+					return grade.Raw{}, err
+				}
+			}
+		}
+		raw, err := a.run(ctx, dst, name, spec, mounts, pytestproto.Command(ids, probesMount), t.Timeouts.ProbesD, 1, nil)
+		if err != nil {
+			return raw, err
+		}
+		if in.Probe.Record {
+			if err := keepRecording(filepath.Join(a.work, "out-"+name), out); err != nil {
+				return raw, fmt.Errorf("keeping the probes' recording: %w", err)
+			}
+		}
+		if in.Probe.Authors {
+			return raw, nil
+		}
+		raw.Log = ""
+		if raw.JUnit != nil {
+			clean, err := sanitizeJUnit(raw.JUnit)
+			if err != nil {
+				clean = nil // graded as a report that is unreadable
+				raw.ReportProblem = "the probes' JUnit report is unreadable"
+			}
+			raw.JUnit = clean
+			if clean != nil {
+				if err := os.WriteFile(filepath.Join(out, "raw", name+".xml"), clean, 0o644); err != nil {
+					return raw, err
+				}
+			}
+		}
+		return raw, nil
+	}
 	if len(plain) > 0 {
-		raw, err := a.run(ctx, out, "probes", spec, mounts, pytestproto.Command(plain, probesMount), t.Timeouts.ProbesD, 1)
+		raw, err := probeRun("probes", plain)
 		if err != nil {
 			return phase, err
 		}
 		phase = grade.Tests("probes", raw, grade.Expected{IDs: plain, Probes: infos})
 	}
 	for _, p := range in.Probes.Budgeted() {
-		raw, err := a.run(ctx, out, "probe-"+p.ID, spec, mounts, pytestproto.Command([]string{p.Test}, probesMount), t.Timeouts.ProbesD, 1)
+		raw, err := probeRun("probe-"+p.ID, []string{p.Test})
 		if err != nil {
 			return phase, err
 		}
@@ -517,20 +693,45 @@ func (a *attemptEnv) runProbes(ctx context.Context, out string, in Inputs) (resu
 }
 
 // judgeSpec is the probe phases' sandbox: the judge may start its children as another user,
-// and it never has the repository on its import path.
-func (a *attemptEnv) judgeSpec() sandbox.Spec {
+// and it never has the repository on its import path. With a gold tree, its reference
+// children read it; in validation the probes may be recorded, forged, or run for their
+// authors.
+func (a *attemptEnv) judgeSpec() (sandbox.Spec, []sandbox.Mount) {
 	s := a.base
 	s.Capabilities = []string{"CAP_SETUID", "CAP_SETGID"}
-	s.Env = sandbox.MergeEnv(s.Env, "PYTHONPATH="+inDir)
+	env := []string{"PYTHONPATH=" + inDir}
+	var mounts []sandbox.Mount
+	if a.ref != nil {
+		refPath := strings.ReplaceAll(a.childPath, a.in.Task.Repo.Path, refRepo)
+		env = append(env, "INFRADEV_REFERENCE="+refRepo, "INFRADEV_REFERENCE_PYTHONPATH="+refPath)
+		mounts = append(mounts, sandbox.Mount{Source: filepath.Join(a.work, "ref-door"), Dest: refMount, ReadOnly: true},
+			sandbox.Mount{Source: filepath.Join(a.ref.Merged, strings.TrimPrefix(a.in.Task.Repo.Path, "/")), Dest: refRepo, ReadOnly: true})
+	}
+	mode := a.in.Probe
+	if mode.Authors {
+		env = append(env, "INFRADEV_PROBE_VERBOSE=1")
+	}
+	if mode.Record {
+		env = append(env, "INFRADEV_PROBE_RECORD="+outDir+"/probe-record")
+	}
+	if mode.Forge != "" {
+		env = append(env, "INFRADEV_PROBE_FORGE="+mode.Forge, "INFRADEV_PROBE_RECORDED="+recordedMount)
+		mounts = append(mounts, sandbox.Mount{Source: mode.Recorded, Dest: recordedMount, ReadOnly: true})
+	}
+	s.Env = sandbox.MergeEnv(s.Env, env...)
 	s.Cwd = probesMount
-	return s
+	return s, mounts
 }
+
+// recordedMount is where a forgery run's judge reads gold's recording.
+const recordedMount = "/run/infradev/recorded"
 
 // run runs one sandboxed command with the given read-only mounts and a fresh, empty output
 // folder (work/out-<name>), and collects its capped log and, for a sealed phase, the JUnit
 // reports that left through the report pipes: reports is 0 for an unsealed phase, 1 for one
-// test process, N for a phase run as N ranks (one channel each, fds 3+2r and 4+2r).
-func (a *attemptEnv) run(ctx context.Context, out, name string, spec sandbox.Spec, mounts []sandbox.Mount, args []string, timeout time.Duration, reports int) (grade.Raw, error) {
+// test process, N for a phase run as N ranks (one channel each, fds 3+2r and 4+2r). ids, when
+// not nil, are the node ids the report plugin keeps (sent through each channel).
+func (a *attemptEnv) run(ctx context.Context, out, name string, spec sandbox.Spec, mounts []sandbox.Mount, args []string, timeout time.Duration, reports int, ids []string) (grade.Raw, error) {
 	r := a.r
 	outHost := filepath.Join(a.work, "out-"+name)
 	if err := os.Mkdir(outHost, 0o777); err != nil {
@@ -554,7 +755,7 @@ func (a *attemptEnv) run(ctx context.Context, out, name string, spec sandbox.Spe
 	var chans []*pytestproto.ReportChannel
 	spec.ExtraFiles = nil
 	for range reports {
-		ch, err := pytestproto.OpenReportChannel()
+		ch, err := pytestproto.OpenReportChannel(ids)
 		if err != nil {
 			log.Close()
 			return grade.Raw{}, err

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -62,6 +64,9 @@ type caseSpec struct {
 	archive           *txtar.Archive
 	binary            string
 	huge              int
+	// many is a count of small new files with long names; zeros the size of a file of zeros
+	// (compressed to a small binary patch).
+	many, zeros int
 	// attributes are written to .git/info/attributes when the case's diff is made (e.g.
 	// "*.py binary" sends Python sources as binary literals); link is "path -> target".
 	attributes, link string
@@ -69,8 +74,8 @@ type caseSpec struct {
 
 func loadCases(t *testing.T) []caseSpec {
 	files, err := filepath.Glob("testdata/adversarial/*.txtar")
-	if err != nil || len(files) < 50 {
-		t.Fatalf("adversarial cases: %d files (%v), want at least 50", len(files), err)
+	if err != nil || len(files) < 58 {
+		t.Fatalf("adversarial cases: %d files (%v), want at least 58", len(files), err)
 	}
 	var out []caseSpec
 	for _, f := range files {
@@ -93,6 +98,10 @@ func loadCases(t *testing.T) []caseSpec {
 				c.binary = v
 			case "huge":
 				c.huge, _ = strconv.Atoi(v)
+			case "many":
+				c.many, _ = strconv.Atoi(v)
+			case "zeros":
+				c.zeros, _ = strconv.Atoi(v)
 			case "attributes":
 				c.attributes = v
 			case "link":
@@ -151,6 +160,14 @@ func patchFor(t *testing.T, c caseSpec, port int) []byte {
 		if err := os.WriteFile(p, data, 0o644); err != nil {
 			t.Fatal(err)
 		}
+	}
+	for i := range c.many {
+		name := filepath.Join(dir, "bulk", fmt.Sprintf("%s%06d.txt", strings.Repeat("n", 40), i))
+		os.MkdirAll(filepath.Dir(name), 0o755)
+		os.WriteFile(name, []byte("x\n"), 0o644)
+	}
+	if c.zeros > 0 {
+		os.WriteFile(filepath.Join(dir, "zeros.bin"), make([]byte, c.zeros), 0o644)
 	}
 	if c.binary != "" {
 		blob := make([]byte, 4096)
@@ -229,6 +246,9 @@ func TestAdversarialSuite(t *testing.T) {
 			}
 			if c.checks["processes"] {
 				assertNoProcess(t, "sleep 987654")
+			}
+			if c.checks["no-probe-source"] {
+				assertNoProbeSource(t, out, ps.Dir)
 			}
 			if c.checks["logs"] {
 				for _, l := range []string{"tests.log", "probes.log"} {
@@ -355,6 +375,38 @@ func treeDigests(t *testing.T, dirs []string) []string {
 }
 
 func equal(a, b []string) bool { return strings.Join(a, ",") == strings.Join(b, ",") }
+
+// assertNoProbeSource: no file of the run folder holds a line of the probes' drivers (lines
+// that read ARGS), whatever the code under test printed, wrote or raised.
+func assertNoProbeSource(t *testing.T, out, probes string) {
+	t.Helper()
+	var lines []string
+	files, _ := filepath.Glob(filepath.Join(probes, "test_*.py"))
+	for _, f := range files {
+		data, _ := os.ReadFile(f)
+		for _, l := range strings.Split(string(data), "\n") {
+			if l = strings.TrimSpace(l); len(l) >= 25 && strings.Contains(l, "ARGS[") {
+				lines = append(lines, l)
+			}
+		}
+	}
+	if len(lines) == 0 {
+		t.Fatalf("no driver lines found in %s", probes)
+	}
+	filepath.WalkDir(out, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		data, _ := os.ReadFile(p)
+		for _, l := range lines {
+			if bytes.Contains(data, []byte(l)) {
+				t.Errorf("%s holds a line of the probes' drivers: %q", p, l)
+				return nil
+			}
+		}
+		return nil
+	})
+}
 
 func assertNoProcess(t *testing.T, cmdline string) {
 	t.Helper()

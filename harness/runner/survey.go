@@ -41,7 +41,7 @@ func (r *Runner) Survey(ctx context.Context, in Inputs, files, deselect []string
 		return nil, fmt.Errorf("setting up the repository: %s (%s)", p.Detail, filepath.Join(out, "logs", "apply.log"))
 	}
 	dir := filepath.Join(a.work, "in-survey")
-	if err := pytestproto.StageTests(dir, nil); err != nil {
+	if err := pytestproto.StageTests(dir); err != nil {
 		return nil, err
 	}
 	args := append(append(pytestproto.Command(nil, ""), pytestproto.Plugins(in.Task)...), "--infradev-outcomes="+outDir+"/outcomes-{rank}.json")
@@ -50,7 +50,7 @@ func (r *Runner) Survey(ctx context.Context, in Inputs, files, deselect []string
 	}
 	ranks := max(1, in.Task.Tests.Ranks)
 	raw, err := a.run(ctx, out, "survey", a.base, []sandbox.Mount{{Source: dir, Dest: inDir, ReadOnly: true}},
-		pytestproto.Launch(ranks, append(args, files...)), in.Task.Timeouts.TestsD, ranks)
+		pytestproto.Launch(ranks, append(args, files...)), in.Task.Timeouts.TestsD, ranks, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -182,7 +182,8 @@ INFRADEV_COLLECT_OUT=%[4]s/collect.json python3 -m pytest --collect-only -q -p n
 exit 0
 `, inDir, shellQuote(in.Task.Repo.Path), probesMount, outDir, judge.CollectModule, judge.LibraryModule, strings.Join(paths, " "))
 	mounts := []sandbox.Mount{{Source: dir, Dest: inDir, ReadOnly: true}, {Source: a.probeDir, Dest: probesMount, ReadOnly: true}}
-	raw, err := a.run(ctx, out, "probe-check", a.judgeSpec(), mounts, []string{"/bin/sh", "-c", script}, in.Task.Timeouts.ProbesD, 0)
+	spec, _ := a.judgeSpec()
+	raw, err := a.run(ctx, out, "probe-check", spec, mounts, []string{"/bin/sh", "-c", script}, in.Task.Timeouts.ProbesD, 0, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -72,3 +72,27 @@ func (o *Overlay) Unmount() error {
 	}
 	return os.RemoveAll(o.dir)
 }
+
+// MountLayers mounts lowers (bottom layer first) as a read-only overlayfs at dir/merged, with
+// no scratch layer: nothing run over it can change it. Unmount removes dir.
+func MountLayers(lowers []string, dir string) (*Overlay, error) {
+	if len(lowers) < 2 {
+		return nil, fmt.Errorf("a read-only overlay needs at least two layers")
+	}
+	o := &Overlay{Merged: filepath.Join(dir, "merged"), dir: dir}
+	if err := os.MkdirAll(o.Merged, 0o755); err != nil {
+		return nil, fmt.Errorf("overlay: %w", err)
+	}
+	top := make([]string, len(lowers))
+	for i, l := range lowers {
+		if strings.ContainsAny(l, ":,") {
+			return nil, fmt.Errorf("overlay: layer path %q contains ':' or ','", l)
+		}
+		top[len(lowers)-1-i] = l
+	}
+	if err := unix.Mount("overlay", o.Merged, "overlay", unix.MS_RDONLY, "lowerdir="+strings.Join(top, ":")); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("mounting a read-only overlay at %s: %w", o.Merged, err)
+	}
+	return o, nil
+}

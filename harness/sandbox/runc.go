@@ -204,7 +204,11 @@ func ociConfig(s Spec, cgroupsPath string) *specs.Spec {
 		tmpSize = 256 << 20
 	}
 	mounts := []specs.Mount{
-		{Destination: "/proc", Type: "proc", Source: "proc"},
+		// hidepid: a process sees only its own user's processes in /proc (the probes' children,
+		// which run as another user, cannot read the judge's command line or walk its tree);
+		// gid=0 keeps the whole table for root's group, the judge, which measures its
+		// children through it.
+		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"hidepid=2", "gid=0"}},
 		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
 		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
 		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=" + fmt.Sprint(tmpSize)}},

@@ -279,3 +279,51 @@ func TestPrivateLoopback(t *testing.T) {
 		t.Fatalf("exit %d, output %q: two processes in the sandbox could not talk over 127.0.0.1", res.ExitCode, out)
 	}
 }
+
+// TestProcShowsOnlyYourOwnUsersProcesses: a process of another user (as the probes' children
+// are) cannot see root's processes in /proc, while root's group sees every process.
+func TestProcShowsOnlyYourOwnUsersProcesses(t *testing.T) {
+	f := newFixture(t)
+	os.WriteFile(filepath.Join(f.lower, "etc", "passwd"), []byte("root:x:0:0:root:/:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n"), 0o644)
+	res, out := f.run(t, `sleep 60 & root_sleep=$!
+su -s /bin/sh nobody -c 'sleep 60 & echo "nobody_sleep=$!"; ls /proc'
+echo "root_sleep=$root_sleep"; ls /proc`, func(s *sandbox.Spec) { s.Capabilities = []string{"CAP_SETUID", "CAP_SETGID"} })
+	if res.ExitCode != 0 {
+		t.Fatalf("exit %d: %s", res.ExitCode, out)
+	}
+	var nobodySleep, rootSleep string
+	var asNobody, asRoot []string
+	seenRoot := false
+	for _, f := range strings.Fields(out) {
+		switch {
+		case strings.HasPrefix(f, "nobody_sleep="):
+			nobodySleep = strings.TrimPrefix(f, "nobody_sleep=")
+		case strings.HasPrefix(f, "root_sleep="):
+			rootSleep, seenRoot = strings.TrimPrefix(f, "root_sleep="), true
+		case !seenRoot:
+			asNobody = append(asNobody, f)
+		default:
+			asRoot = append(asRoot, f)
+		}
+	}
+	has := func(list []string, pid string) bool {
+		for _, x := range list {
+			if x == pid {
+				return true
+			}
+		}
+		return false
+	}
+	if rootSleep == "" || nobodySleep == "" {
+		t.Fatalf("output %q", out)
+	}
+	if has(asNobody, rootSleep) || has(asNobody, "1") {
+		t.Errorf("another user sees root's processes in /proc: %v", asNobody)
+	}
+	if !has(asNobody, nobodySleep) {
+		t.Errorf("a user does not see its own processes in /proc: %v", asNobody)
+	}
+	if !has(asRoot, rootSleep) || !has(asRoot, "1") || !has(asRoot, nobodySleep) {
+		t.Errorf("root does not see every process: %v", asRoot)
+	}
+}

@@ -77,7 +77,9 @@ func Interfaces(t *task.Task, ps *probe.Set) ([]string, error) {
 	}
 	var out []string
 	for n := range used {
-		if changed[n] {
+		// Dunder methods (__init__, __call__) are Python's protocols, which a probe's own
+		// classes define too; they name no interface of the task.
+		if changed[n] && !(strings.HasPrefix(n, "__") && strings.HasSuffix(n, "__")) {
 			out = append(out, n)
 		}
 	}

@@ -3,8 +3,9 @@
 // harness puts back, binary ones included, with the base version beside it), so the scan and git
 // can never disagree about which file is which. A file that names the test runner or the harness
 // in code, shadows the test runner, links out of the repository, carries compiled code the scan
-// cannot read, hides its text behind a source encoding, or has a path with control characters,
-// is refused before any of the submission's code runs.
+// cannot read, hides its text behind a source encoding, has a path with control characters, or
+// adds a module at the repository's root named like one of the standard library's, is refused
+// before any of the submission's code runs.
 //
 // The scan is a cheap first filter, not the defence: code can build any name at run time.
 // Verdicts rest on canaries among the official tests and on probes judged out of process.
@@ -142,6 +143,10 @@ func Scan(changes []Change) []Finding {
 			out = append(out, Finding{File: c.Path, Reason: fmt.Sprintf("provides module %q, which would shadow the test runner", mod)})
 			continue
 		}
+		if mod := rootModule(c.Path); stdlibModules[mod] && c.Base == nil {
+			out = append(out, Finding{File: c.Path, Reason: fmt.Sprintf("adds module %q at the repository's root, which would shadow the standard library's", mod)})
+			continue
+		}
 		if c.Link {
 			target := string(c.Data)
 			if path.IsAbs(target) || !isLocal(path.Join(path.Dir(c.Path), target)) {
@@ -213,6 +218,20 @@ func compiled(p string, data []byte) string {
 
 // topModule is the Python module a path would provide from any directory on sys.path:
 // "pytest.py" and "src/_pytest/x.py" give "pytest" and "_pytest".
+// rootModule is the module a path provides at the repository's root (the directory on the
+// import path of the tests and the probes' children): "json" for json.py or json/__init__.py;
+// "" for anything deeper.
+func rootModule(p string) string {
+	dir, base := path.Split(p)
+	switch {
+	case dir == "" && strings.HasSuffix(base, ".py"):
+		return strings.TrimSuffix(base, ".py")
+	case dir != "" && base == "__init__.py" && !strings.Contains(strings.TrimSuffix(dir, "/"), "/"):
+		return strings.TrimSuffix(dir, "/")
+	}
+	return ""
+}
+
 func topModule(p string) string {
 	for _, dir := range strings.Split(path.Dir(p), "/") {
 		if shadowing[dir] {

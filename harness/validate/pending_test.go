@@ -107,7 +107,7 @@ func TestTaskNeedingGPUsIsPendingWithoutThem(t *testing.T) {
 		t.Fatalf("2 GPUs needed, 2 given: pending %v runs %v; want gold run", rep.Pending, f.runs)
 	}
 	// A full validation of a GPU task without a GPU class is refused; with one it says gpu.
-	full := &validate.Report{Task: tk.ID, GoldRuns: 3, GoldResolved: 3}
+	full := &validate.Report{Task: tk.ID, GoldRuns: 3, GoldResolved: 3, TamperRuns: 3, TamperOK: 3, Forgeries: 3, ForgeriesOK: 3}
 	if _, err := validate.NewRecord(full, tk, ps.Dir, td, pd, "sha256:env", "h", "cpu", time.Unix(0, 0)); err == nil {
 		t.Error("a GPU task validated on hardware \"cpu\" got a record")
 	}
@@ -128,7 +128,24 @@ func TestCheckRecordNamesTheProblem(t *testing.T) {
 	if _, err := validate.NewRecord(&validate.Report{Task: tk.ID, Pending: true}, tk, ps.Dir, td, pd, "sha256:env", "h", "cpu", time.Unix(0, 0)); err == nil {
 		t.Error("a CPU task got a gpu-pending record")
 	}
-	rec, _ := validate.NewRecord(&validate.Report{Task: tk.ID, GoldRuns: 3, GoldResolved: 3}, tk, ps.Dir, td, pd, "sha256:env", "h", "cpu", time.Unix(0, 0))
+	// A validation that ran no tamper or forgery check is not a full one.
+	for _, partial := range []*validate.Report{
+		{Task: tk.ID, GoldRuns: 3, GoldResolved: 3},
+		{Task: tk.ID, GoldRuns: 3, GoldResolved: 3, TamperRuns: 3, TamperOK: 3},
+		{Task: tk.ID, GoldRuns: 3, GoldResolved: 3, TamperRuns: 3, TamperOK: 3, Forgeries: 3, ForgeriesOK: 2},
+	} {
+		if _, err := validate.NewRecord(partial, tk, ps.Dir, td, pd, "sha256:env", "h", "cpu", time.Unix(0, 0)); err == nil {
+			t.Errorf("a validation with tamper %d/%d and forgeries %d/%d got a record", partial.TamperOK, partial.TamperRuns, partial.ForgeriesOK, partial.Forgeries)
+		}
+	}
+	rec, err := validate.NewRecord(&validate.Report{Task: tk.ID, GoldRuns: 3, GoldResolved: 3, TamperRuns: 3, TamperOK: 3, Forgeries: 3, ForgeriesOK: 3},
+		tk, ps.Dir, td, pd, "sha256:env", "h", "cpu", time.Unix(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.ForgeryRuns != 3 {
+		t.Errorf("record forgery_runs %d, want 3", rec.ForgeryRuns)
+	}
 	rec.Status = "gpu-pending" // as a hand edit would
 	validate.WriteRecord(ps.Dir, rec)
 	if p, _ := validate.CheckRecord(tk, ps.Dir, "sha256:env"); !strings.Contains(p, `field status: "gpu-pending", but the task needs 0 GPU(s)`) {

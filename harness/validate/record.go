@@ -19,7 +19,7 @@ import (
 )
 
 // RecordSchema versions validation records.
-const RecordSchema = "infradev.validation/v1"
+const RecordSchema = "infradev.validation/v2"
 
 // Statuses are what a record may say of its task (see Record.Status).
 var Statuses = []string{"cpu", "gpu", "gpu-pending"}
@@ -45,13 +45,15 @@ type Record struct {
 	Environment  string `json:"environment"`
 	Harness      string `json:"harness"`
 
-	GoldResolved int     `json:"gold_resolved"`
-	GoldRuns     int     `json:"gold_runs"`
-	Empty        string  `json:"empty"`
-	Samples      int     `json:"samples"`
-	TamperRuns   int     `json:"tamper_runs"`
-	WallSeconds  float64 `json:"wall_seconds"`
-	ValidatedAt  string  `json:"validated_at"`
+	GoldResolved int    `json:"gold_resolved"`
+	GoldRuns     int    `json:"gold_runs"`
+	Empty        string `json:"empty"`
+	Samples      int    `json:"samples"`
+	TamperRuns   int    `json:"tamper_runs"`
+	// ForgeryRuns are the probe runs whose children forged gold's recording, all withstood.
+	ForgeryRuns int     `json:"forgery_runs"`
+	WallSeconds float64 `json:"wall_seconds"`
+	ValidatedAt string  `json:"validated_at"`
 }
 
 // Digests are the current digests of a task's directory and its probes' (everything but the
@@ -72,7 +74,9 @@ func Digests(t *task.Task, probesDir string) (taskDigest, probesDigest string, e
 // (Digests) were taken before it ran; it refuses when they are no longer the current ones (a
 // file changed while the validation ran) or when any check did not pass.
 func NewRecord(rep *Report, t *task.Task, probesDir, taskDigest, probesDigest, environment, harness, hardware string, now time.Time) (*Record, error) {
-	full := rep.GoldRuns > 0 && rep.GoldResolved == rep.GoldRuns && rep.SamplesOK == rep.Samples && rep.TamperOK == rep.TamperRuns
+	// A full validation ran the tamper and forgery checks, and every run of them held.
+	full := rep.GoldRuns > 0 && rep.GoldResolved == rep.GoldRuns && rep.SamplesOK == rep.Samples &&
+		rep.TamperRuns > 0 && rep.TamperOK == rep.TamperRuns && rep.Forgeries > 0 && rep.ForgeriesOK == rep.Forgeries
 	pending := rep.Pending && t.Resources.GPUs.Count > 0
 	if !rep.OK() || rep.Task != t.ID || (!full && !pending) || (rep.Pending && !pending) {
 		return nil, fmt.Errorf("task %s did not validate: no record", t.ID)
@@ -97,7 +101,7 @@ func NewRecord(rep *Report, t *task.Task, probesDir, taskDigest, probesDigest, e
 	return &Record{Schema: RecordSchema, Task: t.ID, Status: status, Hardware: hardware, TaskDigest: td,
 		ProbesDigest: pd, Environment: environment, Harness: harness, GoldResolved: rep.GoldResolved,
 		GoldRuns: rep.GoldRuns, Empty: rep.Empty, Samples: rep.Samples, TamperRuns: rep.TamperRuns,
-		WallSeconds: rep.WallSeconds, ValidatedAt: now.UTC().Format(time.RFC3339)}, nil
+		ForgeryRuns: rep.Forgeries, WallSeconds: rep.WallSeconds, ValidatedAt: now.UTC().Format(time.RFC3339)}, nil
 }
 
 // WriteRecord writes probesDir/validation.json atomically.

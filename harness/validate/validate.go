@@ -9,6 +9,7 @@ package validate
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -55,14 +56,18 @@ type Report struct {
 	Fault string
 	// Pending: the task needs more GPUs than validation had; only the task check ran (and
 	// passed, unless Fault is set).
-	Pending       bool
-	GoldResolved  int
-	GoldRuns      int
-	Empty         string // the empty patch's failure class
-	SamplesOK     int
-	Samples       int
-	TamperRuns    int
-	TamperOK      int
+	Pending      bool
+	GoldResolved int
+	GoldRuns     int
+	Empty        string // the empty patch's failure class
+	SamplesOK    int
+	Samples      int
+	TamperRuns   int
+	TamperOK     int
+	// Forgeries counts the forgery runs (gold's children replayed, mixed, NaN) and ForgeriesOK
+	// those every probe withstood.
+	Forgeries     int
+	ForgeriesOK   int
 	BaselineNote  string
 	Problems      []string
 	WallSeconds   float64
@@ -97,6 +102,8 @@ func Task(ctx context.Context, rn Runner, in runner.Inputs, ss *samples.Set, gol
 	run := func(name string, patch []byte, mod func(*runner.Inputs)) (*result.Result, error) {
 		a := in
 		a.Patch, a.Model = patch, name
+		// Validation is for the task's authors: the probes' logs and the children's output stay.
+		a.Probe.Authors = true
 		if mod != nil {
 			mod(&a)
 		}
@@ -107,7 +114,10 @@ func Task(ctx context.Context, rn Runner, in runner.Inputs, ss *samples.Set, gol
 
 	var golds []*result.Result
 	for i := 0; i < o.Runs; i++ {
-		res, err := run(fmt.Sprintf("gold-%d", i+1), gold, func(a *runner.Inputs) { a.MeasureBudgets = true })
+		res, err := run(fmt.Sprintf("gold-%d", i+1), gold, func(a *runner.Inputs) {
+			a.MeasureBudgets = true
+			a.Probe.Record = i == 0 // what gold's children send, for the forgery check
+		})
 		if err != nil {
 			return nil, err
 		}
@@ -182,8 +192,122 @@ func Task(ctx context.Context, rn Runner, in runner.Inputs, ss *samples.Set, gol
 		if err := tamperCheck(rep, run, samplesList, patches, problem); err != nil {
 			return nil, err
 		}
+		if len(golds) > 0 && golds[0].Resolved {
+			recording := filepath.Join(o.Out, t.ID, "gold-1", "raw", "probe-record")
+			if err := forgeryCheck(rep, run, in.Probes, recording, samplesList, patches, problem); err != nil {
+				return nil, err
+			}
+		}
 	}
 	return rep, nil
+}
+
+// forgeryCheck runs the probes with their children forging from gold's recording: gold's
+// messages replayed verbatim (every probe must fail: nothing of this attempt's inputs is in
+// them), and the code under test's own values with gold's scalars, and every float NaN, over
+// the empty patch (every probe the empty patch fails must still fail) and, mixing, over every
+// sample built to fail probes (its failing probes must still fail). A probe that passes so
+// decides from what the child reports; it is refused with its file and line.
+func forgeryCheck(rep *Report, run func(string, []byte, func(*runner.Inputs)) (*result.Result, error),
+	ps *probe.Set, recording string, list []samples.Sample, patches map[string][]byte, problem func(string, ...any)) error {
+	// What the empty patch's probes say unforged: a probe the base passes (a behaviour the
+	// change must keep) passes a forgery built on the base's own values too.
+	plain, err := run("empty+probes", nil, func(a *runner.Inputs) { a.Probe.Only = true })
+	if err != nil {
+		return err
+	}
+	var baseFails []string
+	if p := plain.Phase("probes"); p != nil {
+		for _, o := range p.Tests {
+			if o.Outcome != result.StatusPassed {
+				baseFails = append(baseFails, o.Probe)
+			}
+		}
+	} else {
+		problem("the empty patch did not reach its probes: %s", plain.Reason)
+		return nil
+	}
+	type job struct {
+		name, forge string
+		patch       []byte
+		all         bool     // every probe must fail
+		mustFail    []string // else these probe ids must fail
+	}
+	jobs := []job{{"empty", "replay", nil, true, nil}, {"empty", "mix", nil, false, baseFails}, {"empty", "nan", nil, false, baseFails}}
+	for _, sm := range list {
+		if sm.Want == result.ProbesFailed {
+			jobs = append(jobs, job{"sample-" + sm.Name, "mix", patches[sm.Name], false, sm.FailingProbes})
+		}
+	}
+	for _, j := range jobs {
+		res, err := run(j.name+"+forge-"+j.forge, j.patch, func(a *runner.Inputs) {
+			a.Probe.Forge, a.Probe.Recorded, a.Probe.Only = j.forge, recording, true
+		})
+		if err != nil {
+			return err
+		}
+		rep.Forgeries++
+		if res.FailureClass == result.TaskError || res.FailureClass == result.InfraError {
+			problem("%s with the %s forgery: %s: %s", j.name, j.forge, res.FailureClass, res.Reason)
+			continue
+		}
+		p := res.Phase("probes")
+		if p == nil {
+			// Refused before the probes ran (the scan, a patch that does not apply): nothing
+			// was forged, nothing to learn.
+			rep.ForgeriesOK++
+			continue
+		}
+		must := map[string]bool{}
+		for _, id := range j.mustFail {
+			must[id] = true
+		}
+		ok := true
+		for _, o := range p.Tests {
+			if o.Outcome != result.StatusPassed || (!j.all && !must[o.Probe]) {
+				continue
+			}
+			ok = false
+			how := "passes over the empty patch"
+			switch {
+			case j.name != "empty":
+				how = "no longer catches " + j.name
+			case j.forge != "replay":
+				how = "passes the empty patch it fails unforged"
+			}
+			problem("probes/%s: probe %s %s when its children forge their messages (%s): it decides from data the child reports",
+				probePlace(ps, o.ID), o.Probe, how, forgeryWords[j.forge])
+		}
+		if ok {
+			rep.ForgeriesOK++
+		}
+	}
+	return nil
+}
+
+var forgeryWords = map[string]string{
+	"replay": "gold's messages replayed verbatim",
+	"mix":    "the code under test's values with gold's scalars",
+	"nan":    "every float NaN",
+}
+
+// probePlace is a probe test's file and the line its function is defined on.
+func probePlace(ps *probe.Set, test string) string {
+	file, name, _ := strings.Cut(test, "::")
+	if i := strings.LastIndex(name, "::"); i >= 0 {
+		name = name[i+2:]
+	}
+	name, _, _ = strings.Cut(name, "[")
+	data, err := os.ReadFile(filepath.Join(ps.Dir, file))
+	if err == nil {
+		for i, line := range strings.Split(string(data), "\n") {
+			trimmed := strings.TrimLeft(line, " \t")
+			if strings.HasPrefix(trimmed, "def "+name+"(") || strings.HasPrefix(trimmed, "async def "+name+"(") {
+				return fmt.Sprintf("%s:%d", file, i+1)
+			}
+		}
+	}
+	return file
 }
 
 // tamperCheck runs the empty patch with every cheat and each sample with one (rotating). None

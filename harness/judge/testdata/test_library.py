@@ -1,6 +1,7 @@
 """Tests of infradev_probe, run by judge_test.go under pytest with the library as a plugin."""
 
 import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -34,9 +35,88 @@ def test_the_child_cannot_read_what_only_the_judge_can():
         probe.run("open(ARGS['p']).read()", {"p": secret})
 
 
-def test_a_raising_driver_fails_the_probe_with_its_traceback():
+def test_a_raising_driver_fails_the_probe_naming_only_the_exception(monkeypatch):
+    # The child's traceback is its own text: it could carry the driver's source to the run
+    # folder. Only the exception's name is shown, unless the probes run for their authors.
+    leak = "raise ValueError(open('/proc/self/cmdline').read() + str(ARGS))"
+    with pytest.raises(probe.ChildFailed) as info:
+        probe.run(leak, {"secret": "s3cr3t-input"})
+    assert "ValueError" in str(info.value)
+    assert "s3cr3t" not in str(info.value) and "cmdline" not in str(info.value)
+    with pytest.raises(probe.ChildFailed) as info:
+        probe.run("raise type('X' * 200, (Exception,), {})('driver source here')")
+    assert "an exception" in str(info.value) and "driver source" not in str(info.value)
+    monkeypatch.setattr(probe, "_VERBOSE", True)
     with pytest.raises(probe.ChildFailed, match="ValueError: boom"):
         probe.run("raise ValueError('boom')")
+
+
+def test_the_child_output_is_discarded(capfd, monkeypatch):
+    code = "import os, sys\nprint('OUT-' + 'MARK')\nsys.stderr.write('ERR-' + 'MARK')\nos.write(1, b'RAW-MARK')\nemit(x=1)"
+    assert probe.run(code) == {"x": 1}
+    got = capfd.readouterr()
+    assert "MARK" not in got.out + got.err
+    monkeypatch.setattr(probe, "_VERBOSE", True)
+    probe.run(code)
+    got = capfd.readouterr()
+    assert "OUT-MARK" in got.out + got.err
+
+
+def test_nan_and_infinities_are_refused_unless_asked_for():
+    for code in ["emit(x=float('nan'))", "emit(x=[1.0, float('inf')])",
+                 "import numpy as np\nemit(a=np.array([1.0, np.nan], dtype=np.float32))",
+                 "import numpy as np\nemit(a=np.full((2, 2), -np.inf))"]:
+        with pytest.raises(probe.ChildFailed, match="NaN|Infinity|infinit"):
+            probe.run(code)
+    got = probe.run("import numpy as np\nemit(a=np.array([np.nan]), x=float('inf'))", allow_nan=True)
+    assert np.isnan(got["a"][0]) and got["x"] == float("inf")
+
+
+def test_a_repository_module_cannot_shadow_what_the_boot_imports():
+    # The test repository has json.py at its root, which forges a result when imported.
+    got = probe.run("import json, pkg\nemit(x=pkg.double(2), json=json.__name__)")
+    assert got == {"x": 4, "json": "json"}
+    # The code under test still finds the repository, and what it starts finds it too.
+    got = probe.run("import os, subprocess, sys\n"
+                    "out = subprocess.run([sys.executable, '-c', 'import pkg; print(pkg.double(5))'],"
+                    " capture_output=True, text=True, cwd='/')\nemit(out=out.stdout.strip(), path=os.environ['PYTHONPATH'])")
+    assert got == {"out": "10", "path": probe.repo()}
+
+
+def test_fresh_inputs_differ_every_time():
+    a, b = probe.fresh().integers(1 << 62, size=4), probe.fresh().integers(1 << 62, size=4)
+    assert (a != b).any()
+
+
+def test_reference_children_run_gold_and_never_the_submission():
+    assert probe.reference("import pkg\nemit(x=pkg.double(3), gold=pkg.GOLD)") == {"x": 6, "gold": True}
+    got = probe.reference("import getpass, os, sys\nemit(uid=os.getuid(), cwd=os.getcwd(), path=sys.path, home=os.environ['HOME'], user=getpass.getuser())")
+    assert got["user"] == probe.REF_USER
+    assert probe.repo() not in got["path"] and got["cwd"] == os.environ["INFRADEV_REFERENCE"]
+    if os.geteuid() == 0:
+        assert got["uid"] == probe.REF_UID
+        # The submission's child cannot read the gold tree.
+        with pytest.raises(probe.ChildFailed, match="PermissionError"):
+            probe.run("open(ARGS['p']).read()", {"p": os.path.join(os.environ["INFRADEV_REFERENCE"], "pkg", "__init__.py")})
+    assert probe.run("import pkg\nemit(gold=hasattr(pkg, 'GOLD'))") == {"gold": False}
+
+
+@pytest.mark.parametrize("got, want, message", [
+    ({"a": 1}, {"a": 1, "b": 2}, r"keys differ \(missing \['b'\]"),
+    ({"a": [1, 2]}, {"a": [1, 2, 3]}, r"\['a'\]: got a list of 2, want a list of 3"),
+    ({"a": np.zeros(3)}, {"a": np.zeros(3, dtype=np.float32)}, r"got float64\[3\], want float32\[3\]"),
+    ({"a": np.array([1, 2, 3])}, {"a": np.array([1, 5, 3])}, r"1 of 3 elements differ, first at \[1\]"),
+    ({"a": True}, {"a": 1}, r"want a number"),
+    ({"a": "x"}, {"a": "y"}, r"differs"),
+    ({"a": 1.0}, {"a": 1.5}, r"number differs"),
+])
+def test_same_names_the_first_difference(got, want, message):
+    with pytest.raises(AssertionError, match=message):
+        probe.same(got, want)
+
+
+def test_same_accepts_equal_values_within_tolerance():
+    probe.same({"a": [np.array([1.0, 2.0]), 3, "s", None, b"x"]}, {"a": [np.array([1.0, 2.0 + 1e-9]), 3, "s", None, b"x"]}, atol=1e-6)
 
 
 def test_a_child_that_dies_without_a_result():
@@ -87,7 +167,13 @@ def test_timeout_kills_the_child():
         probe.run("import time; time.sleep(30)", timeout=1)
 
 
-def test_object_arrays_are_refused():
+@pytest.fixture
+def authors(monkeypatch):
+    """The probes run for their authors: the child's tracebacks are shown."""
+    monkeypatch.setattr(probe, "_VERBOSE", True)
+
+
+def test_object_arrays_are_refused(authors):
     with pytest.raises(probe.ChildFailed, match="only numeric or boolean arrays"):
         probe.run("import numpy as np; emit(a=np.array([object()], dtype=object))")
 
@@ -144,7 +230,7 @@ emit(ranks=spawn_ranks(ARGS["world"], rank, ARGS, 60, cuda=False))
     ("if r == 2: os._exit(9)", "ranks [2] died without a result (exit codes [9])"),
     ("if r == 0: time.sleep(60)", "ranks [0] did not finish within 3s"),
 ])
-def test_a_failing_rank_fails_the_scenario_by_name(body, message):
+def test_a_failing_rank_fails_the_scenario_by_name(body, message, authors):
     with pytest.raises(probe.ChildFailed) as info:
         probe.run(probe.RANKS_PRELUDE + f"""
 import os, time
@@ -161,7 +247,7 @@ emit(ranks=spawn_ranks(3, rank, None, 3, cuda=False))
         assert "ValueError: bad shard 1" in str(info.value)
 
 
-def test_a_cuda_rank_needs_its_gpu():
+def test_a_cuda_rank_needs_its_gpu(authors):
     with pytest.raises(probe.ChildFailed) as info:
         probe.run(probe.RANKS_PRELUDE + """
 import sys, types
@@ -223,7 +309,7 @@ time.sleep(2)
     assert usage.host_peak_bytes >= 250 * MIB, usage
 
 
-def test_a_reference_run_cannot_reach_the_repository():
+def test_a_reference_run_cannot_reach_the_repository(authors):
     assert probe.run("import pkg\nemit(x=pkg.double(2))") == {"x": 4}
     with pytest.raises(probe.ChildFailed, match="No module named 'pkg'"):
         probe.run("import pkg", repository=False)
@@ -278,3 +364,156 @@ def test_measure_reads_only_the_gpus_it_was_given(monkeypatch):
     monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "0")
     _, usage = probe.measure("emit(x=1)", gpu=True)
     assert usage.gpu_peak_bytes == 0, usage
+
+
+# Recording gold's children and forging them, as validation does: a probe run under pytest in
+# a judge of its own, with the phase's variables set.
+_PROBE_FILE = '''
+import numpy as np
+from infradev_probe import fresh, reference, run, same
+
+DRIVER = """
+import pkg
+emit(doubled=[pkg.double(x) for x in ARGS["xs"]], count=len(ARGS["xs"]), ok=True)
+"""
+
+
+def test_fixed_inputs():
+    # Decides from the child's word: a recording of any earlier run passes it.
+    out = run(DRIVER, {"xs": [1, 2, 3]})
+    assert out["doubled"] == [2, 4, 6] and out["ok"]
+
+
+def test_child_against_child():
+    out = run("import pkg\\nemit(a=float(pkg.double(ARGS['x'])), b=float(ARGS['x'] * 2))", {"x": float(fresh().integers(1, 99))})
+    np.testing.assert_array_equal(out["a"], out["b"])
+
+
+def test_counter_only():
+    # Fresh inputs, but the deciding value is a count that does not depend on them.
+    xs = [int(v) for v in fresh().integers(0, 1000, size=3)]
+    out = run(DRIVER, {"xs": xs})
+    assert out["count"] == 3 and out["ok"]
+
+
+def test_fresh_against_reference():
+    xs = [int(v) for v in fresh().integers(0, 1000, size=3)]
+    args = {"xs": xs}
+    same(run(DRIVER, args), reference(DRIVER, args))
+'''
+
+
+def _judge(tmp, repo_dir, **env):
+    import subprocess
+    import sys
+
+    path = os.path.join(tmp, "test_p.py")
+    with open(path, "w") as f:
+        f.write(_PROBE_FILE)
+    full = dict(os.environ, INFRADEV_REPO=repo_dir, PYTHONPATH=os.environ["JUDGE_LIB"], **env)
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "infradev_probe",
+                        "-rA", path], capture_output=True, text=True, env=full, cwd=tmp)
+    passed = {line.split("::")[1].split()[0] for line in p.stdout.splitlines() if line.startswith("PASSED")}
+    return passed, p.stdout + p.stderr
+
+
+def test_recorded_messages_replayed_and_forged():
+    import shutil
+
+    tmp = tempfile.mkdtemp(prefix="judge-forge-", dir="/tmp")
+    os.chmod(tmp, 0o755)
+    try:
+        _replay_and_forge(tmp)
+    finally:
+        shutil.rmtree(tmp)
+
+
+def _replay_and_forge(tmp):
+    def repository(name, body):
+        path = os.path.join(tmp, name)
+        os.makedirs(os.path.join(path, "pkg"))
+        with open(os.path.join(path, "pkg", "__init__.py"), "w") as f:
+            f.write(body)
+        for d in (path, os.path.join(path, "pkg")):
+            os.chmod(d, 0o755)
+        os.chmod(os.path.join(path, "pkg", "__init__.py"), 0o644)
+        return path
+
+    gold_repo = repository("gold", "def double(x):\n    return 2 * x\n")
+    record = os.path.join(tmp, "record")
+    # "Gold": the gold tree as the repository, recorded.
+    passed, out = _judge(tmp, gold_repo, INFRADEV_PROBE_RECORD=record)
+    assert passed == {"test_fixed_inputs", "test_child_against_child", "test_counter_only", "test_fresh_against_reference"}, out
+    # A repository whose double is wrong: every probe but the fixed-input one sees it... under
+    # replay the child sends gold's messages whatever the code is.
+    broken = repository("broken", "def double(x):\n    raise NotImplementedError\n")
+    passed, out = _judge(tmp, broken)
+    assert passed == set(), out
+    # Replayed, every probe that does not compare with a reference on fresh inputs passes.
+    replayable = {"test_fixed_inputs", "test_child_against_child", "test_counter_only"}
+    passed, out = _judge(tmp, broken, INFRADEV_PROBE_FORGE="replay", INFRADEV_PROBE_RECORDED=record)
+    assert passed == replayable, out
+    # Where the code under test raises, the mixing forger sends gold's message whole.
+    passed, out = _judge(tmp, broken, INFRADEV_PROBE_FORGE="mix", INFRADEV_PROBE_RECORDED=record)
+    assert passed == replayable, out
+    # Over code that runs, every scalar (list items too) is gold's: a probe that decides from
+    # scalars the child reports passes, one that checks them against a reference does not.
+    off = repository("off", "def double(x):\n    return 2 * x + 1\n")
+    passed, out = _judge(tmp, off, INFRADEV_PROBE_FORGE="mix", INFRADEV_PROBE_RECORDED=record)
+    assert passed == replayable, out
+    passed, out = _judge(tmp, gold_repo, INFRADEV_PROBE_FORGE="nan", INFRADEV_PROBE_RECORDED=record)
+    assert "test_child_against_child" not in passed and "test_fresh_against_reference" in passed, out
+
+
+def test_the_oracle_is_the_judges():
+    # A model whose weights only the judge holds: the child can compute nothing without it,
+    # and the judge counts every call it makes.
+    weights = probe.fresh().standard_normal(8)
+    calls = []
+
+    def oracle(op, x):
+        calls.append(op)
+        if op != "dot":
+            raise ValueError("no such operation")
+        return float(np.dot(weights, x))
+
+    xs = probe.fresh().standard_normal((3, 8))
+    got = probe.run("""
+import numpy as np
+out = [ORACLE("dot", x) for x in ARGS["xs"]]
+try:
+    ORACLE("weights", ARGS["xs"][0])
+except RuntimeError as e:
+    refused = str(e)
+emit(out=np.array(out), refused=refused)
+""", {"xs": xs}, oracle=oracle)
+    np.testing.assert_allclose(got["out"], xs @ weights)
+    assert calls == ["dot", "dot", "dot", "weights"]
+    assert "no such operation" in got["refused"]
+
+
+def test_a_driver_without_an_oracle_cannot_call_one(authors):
+    with pytest.raises(probe.ChildFailed, match="no oracle"):
+        probe.run("ORACLE(1)")
+
+
+def test_oracle_calls_the_judge_cannot_decode_are_refused():
+    got = probe.run("""
+import json, os, __main__
+data = b"not json"
+os.write(__main__._ask, len(data).to_bytes(8, "big") + data)
+head = os.read(__main__._answer, 8)
+emit(reply=json.loads(os.read(__main__._answer, int.from_bytes(head, "big")))["ok"])
+""", oracle=lambda *a: 1)
+    assert got == {"reply": False}
+
+
+def test_forked_ranks_share_the_oracle():
+    # Four forked ranks call the oracle at once, many times: every call gets its own answer.
+    got = probe.run(probe.RANKS_PRELUDE + """
+def rank(r, world, port, payload):
+    return [ORACLE("echo", r, i) for i in range(200)]
+
+emit(ranks=spawn_ranks(4, rank, None, 60, cuda=False))
+""", timeout=120, oracle=lambda op, r, i: [r, i])
+    assert got["ranks"] == [[[r, i] for i in range(200)] for r in range(4)]

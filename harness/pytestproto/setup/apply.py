@@ -10,12 +10,20 @@ Run by the harness as `python3 -I apply.py` with the repository as the working d
    `__init__.py` and helpers included), the official test files, and every runner or
    interpreter configuration file anywhere (conftest.py, sitecustomize.py, pytest.ini, ...);
 4. removes test modules the submission added outside the test roots (they never run);
-5. appends the attempt's canary tests to the official test files;
+5. plants the attempt's canary tests among the official tests, named and placed as the file's
+   own tests are (plant): their node ids go to canaries.json for the harness;
 6. writes what the submission left on disk (every file it added or changed outside the
    harness-owned paths, with the base version beside it) to changes.tar for the static scan.
 
-Exit codes (the harness grades them): 0 ready; 30 not at the base commit and 32 the official
-tests do not apply (faults of the task, decided before the submission is applied); 20 the
+Before the submission is applied it also writes the gold tree's difference from the base
+(gold and the official tests applied in a scratch index whose new objects go to this run's
+/tmp, never into the repository, where the submission's code could read them) under
+reference/: the files, and reference.deleted listing removed paths. The harness lays it over the
+image as the tree the probes' reference children read.
+
+Exit codes (the harness grades them): 0 ready; 30 not at the base commit, 32 the official
+tests do not apply and 33 gold does not apply over them (faults of the task, decided before
+the submission is applied); 20 the
 submission does not apply; 21 the harness's files could not be put in place over the
 submission (counted against it). Paths are handled as bytes end to end: a file name may hold
 any byte but '/' and NUL.
@@ -39,6 +47,7 @@ EXIT_PATCH_DOES_NOT_APPLY = 20
 EXIT_SETUP_OVER_PATCH = 21
 EXIT_NOT_AT_BASE = 30
 EXIT_TESTS_DO_NOT_APPLY = 32
+EXIT_GOLD_DOES_NOT_APPLY = 33
 
 GIT_ENV = dict(
     os.environ,
@@ -154,6 +163,10 @@ def write_entry(path, mode, data):
 
 
 def main():
+    global infradev_canaries
+    sys.path.insert(0, IN)
+    import infradev_canaries  # staged beside this script (package canary)
+
     with open(os.path.join(IN, "apply.json"), "rb") as f:
         cfg = json.load(f)
     base = cfg["base"]
@@ -175,6 +188,12 @@ def main():
         print("the official test patch does not apply at the base commit")
         return EXIT_TESTS_DO_NOT_APPLY
     git("reset", "-q")
+    if cfg.get("reference"):
+        try:
+            write_reference(base, official_env)
+        except subprocess.CalledProcessError:
+            print("the gold patch does not apply over the official tests")
+            return EXIT_GOLD_DOES_NOT_APPLY
 
     roots = [r.encode() for r in cfg["test_roots"]]
     official_files = set(p.encode() for p in cfg["official"])
@@ -210,16 +229,64 @@ def main():
         for p in after:
             if p not in before and not owned(p) and is_test_module(p) and os.path.lexists(p):
                 remove(p)
-        for path, text in sorted((cfg.get("canaries") or {}).items()):
-            fd = os.open(path.encode(), os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
-            with os.fdopen(fd, "ab") as f:
-                f.write(text.encode())
+        by_file = {}
+        for i, c in enumerate(cfg.get("canaries") or []):
+            by_file.setdefault(c["file"], []).append((i, c))
+        planted = {}
+        for path, items in sorted(by_file.items()):
+            with open(path.encode(), "rb") as f:
+                src = f.read()
+            new, ids = infradev_canaries.plant(path, src, items)
+            fd = os.open(path.encode(), os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+            with os.fdopen(fd, "wb") as f:
+                f.write(new)
+            planted.update(ids)
+        with open(os.path.join(OUT, "canaries.json"), "w") as f:
+            json.dump({str(i): nodeid for i, nodeid in sorted(planted.items())}, f)
         write_changes(before, owned, blobs, cfg["max_changes"], tree_entries(git("ls-tree", "-r", "-z", base)))
     except Exception:
         traceback.print_exc()
         print("the harness could not put the official tests in place over this patch")
         return EXIT_SETUP_OVER_PATCH
     return 0
+
+
+def write_reference(base, official_env):
+    """Writes the gold tree's difference from the base commit under OUT/reference."""
+    objects = "/tmp/infradev-reference-objects"
+    os.makedirs(objects, exist_ok=True)
+    env = dict(official_env, GIT_INDEX_FILE="/tmp/infradev-reference.index", GIT_OBJECT_DIRECTORY=objects,
+               GIT_ALTERNATE_OBJECT_DIRECTORIES=os.path.abspath(git("rev-parse", "--git-path", "objects").decode().strip()))
+    shutil.copyfile("/tmp/infradev-official.index", "/tmp/infradev-reference.index")
+    git("apply", "--cached", os.path.join(IN, "gold.patch"), env=env)
+    tree = tree_entries(git("ls-files", "-s", "-z", env=env))
+    changed = [p for p in git("diff-index", "--cached", "-z", "--name-only", "--no-renames", base, env=env).split(b"\0") if p]
+    out = os.path.join(OUT.encode(), b"reference")
+    os.mkdir(out)
+    deleted = []
+    blobs = subprocess.Popen(["git", "cat-file", "--batch"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    for p in changed:
+        if p not in tree:
+            deleted.append(p)
+            continue
+        mode, sha = tree[p]
+        blobs.stdin.write(sha.encode() + b"\n")
+        blobs.stdin.flush()
+        header = blobs.stdout.readline().split()
+        data = blobs.stdout.read(int(header[2]))
+        blobs.stdout.read(1)
+        target = os.path.join(out, p)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if mode == "120000":
+            os.symlink(data, target)
+        else:
+            with open(target, "wb") as f:
+                f.write(data)
+            os.chmod(target, 0o755 if mode == "100755" else 0o644)
+    blobs.stdin.close()
+    blobs.wait()
+    with open(os.path.join(OUT, "reference.deleted"), "wb") as f:
+        f.write(b"".join(p + b"\0" for p in deleted))
 
 
 def is_test_module(p):
@@ -255,11 +322,17 @@ def write_changes(before, owned, blobs, limit, base_tree):
     b/ the base content of a changed file, d/ a deleted path; "over" if they exceed limit."""
     after = snapshot()
     total = 0
-    with tarfile.open(os.path.join(OUT, "changes.tar"), "w", format=tarfile.PAX_FORMAT) as tar:
+    with open(os.path.join(OUT, "changes.tar"), "wb") as raw, \
+            tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         def add(name, data):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
+
+        def full():
+            # The archive's own bytes count too (a member's headers, a long name's pax record):
+            # many small files must not make it larger than the harness reads.
+            return raw.tell() > limit
 
         for p in sorted(after):
             if owned(p) or before.get(p) == after[p]:
@@ -275,7 +348,7 @@ def write_changes(before, owned, blobs, limit, base_tree):
                 continue
             base = blobs.read(base_tree[p][1]) if p in base_tree and kind == "n" else None
             total += len(data) + len(base or b"")
-            if total > limit:
+            if total > limit or full():
                 add("over", b"")
                 return
             add(kind + "/" + p.hex(), data)
@@ -283,6 +356,9 @@ def write_changes(before, owned, blobs, limit, base_tree):
                 add("b/" + p.hex(), base)
         for p in sorted(before):
             if p not in after and not owned(p):
+                if full():
+                    add("over", b"")
+                    return
                 add("d/" + p.hex(), b"")
 
 

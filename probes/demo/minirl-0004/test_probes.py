@@ -5,7 +5,7 @@ process and checks the plain data it sends back against a full-batch step comput
 
 import numpy as np
 
-from infradev_probe import run
+from infradev_probe import fresh, run
 
 # The actor's defaults: Actor(policy) steps with lr 5.0 and clips ratios at 1 +- 0.2.
 LR, CLIP = 5.0, 0.2
@@ -33,27 +33,35 @@ def _full_batch_step(embed, head, batch):
 
 
 def test_an_uneven_last_micro_batch_still_gives_the_full_step():
-    rng = np.random.default_rng(4)
-    batch = {"prompts": rng.integers(0, 16, 5), "responses": rng.integers(0, 16, (5, 3)),
-             "advantages": rng.standard_normal((5, 3)), "old_log_probs": -rng.random((5, 3))}
+    # Fresh weights and a fresh batch whose size the micro-batch does not divide.
+    rng = fresh()
+    vocab, dim, micro = int(rng.integers(8, 24)), int(rng.integers(4, 10)), int(rng.integers(2, 4))
+    b = micro * int(rng.integers(1, 4)) + int(rng.integers(1, micro))
+    t = int(rng.integers(2, 5))
+    embed, head = rng.standard_normal((vocab, dim)), rng.standard_normal((dim, vocab)) * 0.3
+    batch = {"prompts": rng.integers(0, vocab, b), "responses": rng.integers(0, vocab, (b, t)),
+             "advantages": rng.standard_normal((b, t)), "old_log_probs": -rng.random((b, t)) * 3}
     out = run("""
         from minirl.actor import Actor
         from minirl.policy import Policy
         from minirl.protocol import DataProto
 
-        start = Policy(seed=2)
-        full, micro = Actor(Policy(seed=2)), Actor(Policy(seed=2))
+        def actor():
+            policy = Policy(vocab_size=ARGS["vocab"], dim=ARGS["dim"], seed=0)
+            policy.params["embed"][...] = ARGS["embed"]
+            policy.params["head"][...] = ARGS["head"]
+            return Actor(policy)
+
+        full, micro = actor(), actor()
         full_obj = full.update_policy(DataProto(dict(ARGS["batch"])))
-        micro_obj = micro.update_policy(DataProto(dict(ARGS["batch"])), micro_batch_size=2)
-        emit(embed=start.params["embed"], head=start.params["head"],
-             full_head=full.policy.params["head"], micro_head=micro.policy.params["head"],
+        micro_obj = micro.update_policy(DataProto(dict(ARGS["batch"])), micro_batch_size=ARGS["micro"])
+        emit(full_head=full.policy.params["head"], micro_head=micro.policy.params["head"],
              full_obj=float(full_obj), micro_obj=float(micro_obj))
-    """, {"batch": batch})
-    want_head, want_obj = _full_batch_step(out["embed"], out["head"], batch)
-    assert not np.allclose(want_head, out["head"]), "the step moves nothing, so the probe cannot tell steps apart"
+    """, {"batch": batch, "vocab": vocab, "dim": dim, "embed": embed, "head": head, "micro": micro})
+    want_head, want_obj = _full_batch_step(embed, head, batch)
     np.testing.assert_allclose(out["full_head"], want_head, rtol=1e-9, atol=1e-12,
                                err_msg="the full-batch step is not the clipped-PPO step")
-    np.testing.assert_allclose(out["micro_head"], out["full_head"], rtol=1e-10, atol=1e-12,
-                               err_msg="micro-batches of 2, 2 and 1 rows step differently from the full batch")
+    np.testing.assert_allclose(out["micro_head"], want_head, rtol=1e-9, atol=1e-12,
+                               err_msg=f"micro-batches of {micro} rows step differently from the full batch")
     np.testing.assert_allclose([out["full_obj"], out["micro_obj"]], [want_obj, want_obj], rtol=1e-9, atol=1e-12,
                                err_msg="the returned objective")

@@ -1,85 +1,134 @@
 """Probes for pagedinfer-0001 (prefix caching).
 
-The judge (this module) never imports pagedinfer: each probe drives the code under test in a
-child process and compares the plain data it sends back with greedy decoding it computes itself."""
+The judge (this module) never imports pagedinfer. The engine runs in a child over a model whose
+weights only the judge holds: every key the engine computes is an oracle call to the judge,
+which hands back an opaque handle (the key's vector never leaves the judge), and every token is
+sampled from logits the judge computes for a handle. So the child cannot produce a right token
+without asking, and the number of keys it asks for is the judge's own count of the work it
+did: what prefix caching saves is measured here, not reported by the code under test. Prompts
+and weights are drawn fresh for every attempt."""
 
 import numpy as np
 
-from infradev_probe import run
+from infradev_probe import fresh, reference, run, same
 
-MAX_TOKENS = 6
-
-
-def _reference(prompt):
-    """Greedy tokens of the engine's default model, with a vocabulary of 64, keys of 16 and
-    seed 0: each token's key is tanh(embed[token] + 0.9 * previous key), logits 4 * key @ head."""
-    rng = np.random.default_rng(0)
-    embed = rng.standard_normal((64, 16)).astype(np.float32)
-    head = (rng.standard_normal((16, 64)) / np.sqrt(16)).astype(np.float32)
-    key, out = np.zeros(16, np.float32), []
-    tokens = list(prompt)
-    for p in range(len(tokens)):
-        key = np.tanh(embed[tokens[p]] + 0.9 * key)
-    while len(out) < MAX_TOKENS:
-        token = int(np.argmax((key @ head).astype(np.float64) * 4.0))
-        out.append(token)
-        key = np.tanh(embed[token] + 0.9 * key)
-    return out
+VOCAB, DIM, BLOCK, MAX_TOKENS = 64, 16, 4, 5
 
 
-# Runs prompts one after another through an engine with prefix caching (each generate() call
-# is one list of prompts), and the same prompts through engines without it.
+class Model:
+    """The judge's side of the model: secret weights, a table of keys behind handles."""
+
+    def __init__(self, rng):
+        self.embed = rng.standard_normal((VOCAB, DIM))
+        self.head = rng.standard_normal((DIM, VOCAB)) / np.sqrt(DIM)
+        self.keys = [np.zeros(DIM)]  # handle 0: the state before the first token
+        self.computed = 0
+
+    def __call__(self, op, *args):
+        if op == "key":
+            token, handle = int(args[0]), int(args[1])
+            if not (0 <= token < VOCAB and 0 <= handle < len(self.keys)):
+                raise ValueError("no such token or key")
+            self.computed += 1
+            self.keys.append(np.tanh(self.embed[token] + 0.9 * self.keys[handle]))
+            return len(self.keys) - 1
+        if op == "logits":
+            handle = int(args[0])
+            if not 0 < handle < len(self.keys):
+                raise ValueError("no such key")
+            return self.keys[handle] @ self.head * 4.0
+        raise ValueError("unknown operation")
+
+    def greedy(self, prompt):
+        """The tokens the engine must produce without caching, computed here."""
+        key, out = np.zeros(DIM), []
+        for t in prompt:
+            key = np.tanh(self.embed[t] + 0.9 * key)
+        while len(out) < MAX_TOKENS:
+            token = int(np.argmax(key @ self.head * 4.0))
+            out.append(token)
+            key = np.tanh(self.embed[token] + 0.9 * key)
+        return out
+
+
+# The engine over the judge's model; each prompt is its own generate() call (so earlier
+# requests have finished), first with prefix caching as asked, then the same prompts on a fresh
+# engine without it. Emits the tokens and, per prompt, how many blocks the block manager says
+# it reused (a further check: the oracle's count is the measure).
 _DRIVER = """
-    from pagedinfer import LLMEngine, SamplingParams
+import numpy as np
+from pagedinfer import LLMEngine, SamplingParams
 
-    greedy = SamplingParams(temperature=0, max_tokens=ARGS["max_tokens"])
-    eng = LLMEngine(num_blocks=64, block_size=4, enable_prefix_caching=True)
-    cached, hits = [], []
-    for prompt in ARGS["prompts"]:
-        cached.append(list(eng.generate([prompt], greedy)[0].tokens))
-        hits.append(eng.block_manager.prefix_cache_hits)
-    plain = [list(o.tokens) for o in LLMEngine(num_blocks=64, block_size=4).generate(ARGS["prompts"], greedy)]
-    emit(cached=cached, hits=hits, plain=plain)
+class JudgeModel:
+    vocab_size, dim = ARGS["vocab"], 2
+
+    def key(self, token, prev_key):
+        return np.array([ORACLE("key", int(token), int(prev_key[0])), 0], np.float32)
+
+    def logits(self, last_key):
+        return np.asarray(ORACLE("logits", int(last_key[0])), np.float64)
+
+greedy = SamplingParams(temperature=0, max_tokens=ARGS["max_tokens"])
+kwargs = {} if ARGS["caching"] is None else {"enable_prefix_caching": ARGS["caching"]}
+eng = LLMEngine(model=JudgeModel(), num_blocks=64, block_size=ARGS["block"], **kwargs)
+tokens, hits = [], []
+for prompt in ARGS["prompts"]:
+    tokens.append([int(t) for t in eng.generate([prompt], greedy)[0].tokens])
+    hits.append(int(eng.block_manager.prefix_cache_hits) if ARGS["caching"] else 0)
+emit(tokens=tokens, hits=hits)
 """
 
 
-def _cached_then_plain(prompts):
-    return run(_DRIVER, {"prompts": prompts, "max_tokens": MAX_TOKENS})
+def _blocks(rng, n):
+    return [int(t) for t in rng.integers(0, VOCAB, size=n * BLOCK)]
+
+
+def _engine(rng, prompts, caching):
+    """Runs the driver over the submission and over gold, each against its own copy of the
+    judge's model; returns (submission's values, its key count, gold's values, gold's count)."""
+    seed = int(rng.integers(1 << 62))
+    args = {"prompts": prompts, "caching": caching, "vocab": VOCAB, "block": BLOCK, "max_tokens": MAX_TOKENS}
+    mine, gold = Model(np.random.default_rng(seed)), Model(np.random.default_rng(seed))
+    got = run(_DRIVER, args, oracle=mine)
+    want = reference(_DRIVER, args, oracle=gold)
+    for i, prompt in enumerate(prompts):
+        assert got["tokens"][i] == mine.greedy(prompt), f"prompt {i}: the tokens differ from greedy decoding without caching"
+    return got, mine.computed, want, gold.computed
 
 
 def test_a_block_is_only_reused_after_the_same_prefix():
-    # b's blocks hold the same tokens as a's second block, but follow a different prefix: their
-    # keys differ, so only the whole prefix identifies a block.
-    a = [1, 1, 1, 1, 7, 7, 7, 7, 2]
-    b = [7, 7, 7, 7, 7, 7, 7, 7, 2]
-    out = _cached_then_plain([a, b])
-    want = [_reference(a), _reference(b)]
-    assert out["plain"] == want, "the engine without prefix caching is not greedy decoding"
-    assert out["cached"] == want
-    assert out["hits"] == [0, 0]
+    # b starts with the tokens of a's second block: the same tokens after a different prefix
+    # (none), so their keys differ, and only the whole prefix identifies a block.
+    rng = fresh()
+    first, second = _blocks(rng, 1), _blocks(rng, 1)
+    while second == first:
+        second = _blocks(rng, 1)
+    tail = lambda: [int(t) for t in rng.integers(0, VOCAB, size=int(rng.integers(1, BLOCK)))]
+    a = first + second + _blocks(rng, int(rng.integers(0, 2))) + tail()
+    b = second + _blocks(rng, int(rng.integers(0, 2))) + tail()
+    got, computed, want, gold_computed = _engine(rng, [a, b], True)
+    same(got, want)
+    assert computed == gold_computed, f"the engine computed {computed} keys, gold {gold_computed}"
 
 
 def test_blocks_of_a_finished_request_stay_cached():
-    prompt = [2, 7, 1, 8, 2, 8, 1, 8, 2]
-    out = _cached_then_plain([prompt, prompt])
-    want = _reference(prompt)
-    assert out["hits"][0] == 0
-    assert out["hits"][1] == 2  # the prompt's two full blocks
-    assert out["plain"] == [want, want], "the engine without prefix caching is not greedy decoding"
-    assert out["cached"] == [want, want]
+    rng = fresh()
+    prompt = _blocks(rng, int(rng.integers(1, 4))) + [int(t) for t in rng.integers(0, VOCAB, size=int(rng.integers(0, BLOCK)))]
+    repeats = int(rng.integers(2, 4))
+    got, computed, want, gold_computed = _engine(rng, [prompt] * repeats, True)
+    same(got, want)
+    assert computed == gold_computed, f"the engine computed {computed} keys, gold {gold_computed}"
+    # Without any reuse, every request computes its whole prompt and output again.
+    assert computed < repeats * (len(prompt) + MAX_TOKENS - 1), "no key was reused"
 
 
 def test_prefix_caching_is_off_unless_asked_for():
-    out = run("""
-        from pagedinfer import LLMEngine, SamplingParams
-
-        prompt = [4, 4, 4, 4, 4, 4, 4, 4]
-        eng = LLMEngine(num_blocks=64, block_size=4)
-        default = eng.block_manager.enable_prefix_caching
-        eng.generate([prompt, prompt], SamplingParams(temperature=0, max_tokens=ARGS["max_tokens"]))
-        asked = LLMEngine(enable_prefix_caching=True).block_manager.enable_prefix_caching
-        emit(default=default, hits=eng.block_manager.prefix_cache_hits, asked=asked)
-    """, {"max_tokens": MAX_TOKENS})
-    assert out["default"] is False
-    assert out["hits"] == 0
-    assert out["asked"] is True
+    rng = fresh()
+    prompt = _blocks(rng, int(rng.integers(1, 4))) + [int(t) for t in rng.integers(0, VOCAB, size=int(rng.integers(1, BLOCK)))]
+    repeats = int(rng.integers(2, 4))
+    for caching in (None, False):
+        got, computed, want, gold_computed = _engine(rng, [prompt] * repeats, caching)
+        same(got, want)
+        assert computed == gold_computed == repeats * (len(prompt) + MAX_TOKENS - 1), (
+            f"enable_prefix_caching={caching}: the engine computed {computed} keys; without caching "
+            f"every request computes {len(prompt) + MAX_TOKENS - 1}")

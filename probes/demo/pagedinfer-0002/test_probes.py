@@ -1,65 +1,63 @@
 """Probes for pagedinfer-0002 (per-request seeds).
 
-The judge (this module) never imports pagedinfer: each probe drives the code under test in a
-child process and compares the plain data it sends back."""
+The judge (this module) never imports pagedinfer. Each probe runs a batch of fresh prompts,
+seeds and engine seeds over the submission and, in a reference child, over gold, and compares
+the tokens the instruction pins down: a seeded request's (its own generator) and an unseeded
+request's (the engine's generator, as today)."""
 
-from infradev_probe import run
+from infradev_probe import fresh, reference, run, same
 
-MAX_TOKENS = 12
 VOCAB = 64  # the engine's default model
 
+# Requests go in one by one, each with a seed or None; the engine steps until all finish.
+# Emits every request's tokens by position, and the tokens of each seeded request run alone
+# on engines with other seeds.
+_DRIVER = """
+from pagedinfer import LLMEngine, SamplingParams
 
-def _check_tokens(tokens, what):
-    assert isinstance(tokens, list) and len(tokens) == MAX_TOKENS, f"{what}: {tokens!r}"
-    assert all(isinstance(t, int) and 0 <= t < VOCAB for t in tokens), f"{what}: {tokens!r}"
+def params(seed):
+    # An unseeded request leaves the seed at its default.
+    extra = {} if seed is None else {"seed": seed}
+    return SamplingParams(temperature=ARGS["temperature"], max_tokens=ARGS["max_tokens"], **extra)
+
+eng = LLMEngine(seed=ARGS["engine_seed"])
+ids = [eng.add_request(p, params(s)) for p, s in zip(ARGS["prompts"], ARGS["seeds"])]
+done = {}
+while eng.has_unfinished():
+    for o in eng.step():
+        done[o.request_id] = [int(t) for t in o.tokens]
+batch = [done.get(i) for i in ids]
+alone = [[[int(t) for t in LLMEngine(seed=e).generate([p], params(s))[0].tokens] for e in ARGS["other_engine_seeds"]]
+         for p, s in zip(ARGS["prompts"], ARGS["seeds"]) if s is not None]
+emit(batch=batch, alone=alone)
+"""
+
+
+def _scenario(rng, seeded):
+    n = int(rng.integers(2, 6))
+    prompts = [[int(t) for t in rng.integers(0, VOCAB, size=int(rng.integers(1, 6)))] for _ in range(n)]
+    seeds = [int(rng.integers(1 << 31)) if seeded and rng.random() < 0.6 else None for _ in range(n)]
+    if seeded and all(s is None for s in seeds):
+        seeds[int(rng.integers(n))] = int(rng.integers(1 << 31))
+    return {"prompts": prompts, "seeds": seeds, "engine_seed": int(rng.integers(1 << 31)),
+            "other_engine_seeds": [int(x) for x in rng.integers(1 << 31, size=2)] if seeded else [],
+            "temperature": float(rng.uniform(0.7, 2.0)), "max_tokens": int(rng.integers(6, 14))}
 
 
 def test_a_seeded_request_ignores_its_batch_neighbours():
-    out = run("""
-        from pagedinfer import LLMEngine, SamplingParams
-
-        n = ARGS["max_tokens"]
-        seeded = SamplingParams(temperature=1.0, max_tokens=n, seed=99)
-        alone = [list(LLMEngine(seed=s).generate([[4, 2]], seeded)[0].tokens) for s in (5, 6)]
-        eng = LLMEngine(seed=5)
-        ids = [eng.add_request([7, 7, 7], SamplingParams(temperature=1.0, max_tokens=n)),
-               eng.add_request([4, 2], seeded),
-               eng.add_request([1], SamplingParams(temperature=1.0, max_tokens=n, seed=99))]
-        finished = []
-        while eng.has_unfinished():
-            for o in eng.step():
-                finished.append([o.request_id, list(o.tokens)])
-        emit(alone=alone, ids=ids, finished=finished)
-    """, {"max_tokens": MAX_TOKENS})
-    ids = out["ids"]
-    assert len(ids) == 3 and len(set(map(repr, ids))) == 3, f"request ids {ids!r}"
-    done = {}
-    for request_id, tokens in out["finished"]:
-        assert request_id in ids and repr(request_id) not in done, f"finished {request_id!r} unexpectedly"
-        done[repr(request_id)] = tokens
-    assert len(done) == 3, f"only {sorted(done)} of {ids!r} finished"
-    first, seeded, other = (done[repr(i)] for i in ids)
-    for what, tokens in [("alone", out["alone"][0]), ("alone, engine seed 6", out["alone"][1]),
-                         ("unseeded", first), ("seeded", seeded), ("seeded, other prompt", other)]:
-        _check_tokens(tokens, what)
-    assert out["alone"][1] == out["alone"][0], "the seeded request's tokens depend on the engine's seed"
-    assert seeded == out["alone"][0], "the seeded request's tokens depend on its batch neighbours"
-    assert other != first
+    rng = fresh()
+    args = _scenario(rng, seeded=True)
+    got, want = run(_DRIVER, args), reference(_DRIVER, args)
+    seeded = [i for i, s in enumerate(args["seeds"]) if s is not None]
+    assert len(got["batch"]) == len(args["prompts"]), "not every request finished"
+    # A seeded request: the same tokens as gold's, in the batch and alone on other engines.
+    same([got["batch"][i] for i in seeded], [want["batch"][i] for i in seeded])
+    same(got["alone"], want["alone"])
 
 
 def test_unseeded_requests_share_the_engine_generator():
-    out = run("""
-        from pagedinfer import LLMEngine, SamplingParams
-
-        params = SamplingParams(temperature=1.0, max_tokens=ARGS["max_tokens"])
-        emit(default_seed=SamplingParams().seed,
-             first=[list(o.tokens) for o in LLMEngine(seed=3).generate([[6, 6], [6, 6]], params)],
-             again=[list(o.tokens) for o in LLMEngine(seed=3).generate([[6, 6], [6, 6]], params)])
-    """, {"max_tokens": MAX_TOKENS})
-    assert out["default_seed"] is None, f"SamplingParams().seed is {out['default_seed']!r}"
-    assert len(out["first"]) == 2
-    for tokens in out["first"] + out["again"]:
-        _check_tokens(tokens, "unseeded")
-    a, b = out["first"]
-    assert a != b, "two unseeded requests drew the same tokens"
-    assert out["again"] == [a, b], "an engine seed does not reproduce its unseeded requests"
+    rng = fresh()
+    args = _scenario(rng, seeded=False)
+    got, want = run(_DRIVER + "\nemit(default_seed=SamplingParams().seed)", args), \
+        reference(_DRIVER + "\nemit(default_seed=SamplingParams().seed)", args)
+    same(got, want)

@@ -177,7 +177,7 @@ Exit codes: 0 success (run-task: resolved); 1 not resolved or a check failed;
 		"local cache: unpacked layers, sandbox state and scratch (env INFRADEV_CACHE)")
 	root.PersistentFlags().StringArrayVar(&g.mirrors, "git-mirror", nil,
 		"upstream repositories as local git directories: URL=DIR, or URL-PREFIX/=DIR (repeatable; tried before $INFRADEV_GIT_MIRRORS and $INFRADEV_GIT_MIRRORS_FILE)")
-	root.AddCommand(newEnvCmd(g), newRunTaskCmd(g), newEvalCmd(g), newValidateCmd(g), newBenchCmd(g), newReportCmd(), newGPUsCmd(g), newSamplesCmd(g), newGenCmd(), newTaskCmd(g), newCatalogueCmd(), newAgentCmd(g), newAnalyzeCmd(g), newSkillCmd(g), newVersionCmd())
+	root.AddCommand(newEnvCmd(g), newRunTaskCmd(g), newEvalCmd(g), newValidateCmd(g), newBenchCmd(g), newReportCmd(), newGPUsCmd(g), newSamplesCmd(g), newGenCmd(), newTaskCmd(g), newCatalogueCmd(), newAgentCmd(g), newAnalyzeCmd(g), newSkillCmd(g), newVersionCmd(), newBazelSubmissionsCmd(g))
 	return root
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/infradev/infradev/harness/atomicfile"
 	"github.com/infradev/infradev/harness/cheat"
+	"github.com/infradev/infradev/harness/digest"
 	"github.com/infradev/infradev/harness/fault"
 	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/report"
@@ -27,6 +28,7 @@ func newRunTaskCmd(g *globals) *cobra.Command {
 		task, probes, layout, image, patch, out, instance, model, results, cheat, envs string
 		asJSON                                                                         bool
 		probe                                                                          runner.ProbeMode
+		submission                                                                     string
 	}
 	cmd := &cobra.Command{
 		Use:   "run-task",
@@ -60,6 +62,14 @@ Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec, or the task itself 
 			patch, err := os.ReadFile(o.patch)
 			if err != nil {
 				return fault.Inputf("reading patch: %v", err)
+			}
+			// The submission as the user gave it: whatever carried the file here (a Bazel
+			// repository rule) must not have changed a byte of it.
+			got := digest.Bytes(patch)
+			fmt.Fprintf(cmd.ErrOrStderr(), "submission %s (%d bytes)\n", got, len(patch))
+			if o.submission != "" && strings.TrimSpace(o.submission) != got {
+				return fault.Infraf("the patch to grade (%s, %s) is not the submission given (%s): it was changed on its way here",
+					o.patch, got, strings.TrimSpace(o.submission))
 			}
 			if (o.probe.Forge == "") != (o.probe.Recorded == "") {
 				return fault.Inputf("--forge and --recorded go together")
@@ -161,6 +171,7 @@ Exit codes: 0 resolved; 1 not resolved; 2 bad usage or spec, or the task itself 
 	f.StringVar(&o.model, "model", "", "model name to record")
 	f.BoolVar(&o.asJSON, "json", false, "print result.json instead of the verdict line")
 	f.StringVar(&o.cheat, "cheat", "", "add an in-process cheat to the submission ("+strings.Join(cheat.Names, ", ")+"): checks that a task's canaries and probes hold")
+	f.StringVar(&o.submission, "submission-digest", "", "the digest (sha256:...) of the submission as given: grading refuses a patch file whose bytes differ (exit 3)")
 	f.BoolVar(&o.probe.Authors, "authors", false, "keep the probe phases' logs and their children's output (for a probe's author)")
 	f.BoolVar(&o.probe.Record, "record", false, "keep what every probe child sent, under raw/probe-record")
 	f.StringVar(&o.probe.Forge, "forge", "", "forge every probe child's message from --recorded: replay, mix or nan")

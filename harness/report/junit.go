@@ -67,7 +67,12 @@ func WriteJUnit(w io.Writer, results []*result.Result) error {
 		if r.Attempt > 0 {
 			name += fmt.Sprintf(" [%s #%d]", r.PromptVariant, r.Attempt)
 		}
-		s := junitSuite{Name: name}
+		// The digests of what was graded: a Bazel test's log and report say which submission
+		// (byte for byte) its verdict is for.
+		s := junitSuite{Name: name, Properties: []junitProperty{
+			{"patch_digest", r.Inputs.Patch}, {"task_digest", r.Inputs.Task}, {"probes_digest", r.Inputs.Probes},
+			{"environment", r.Inputs.Environment}, {"harness", r.Inputs.Harness},
+		}}
 		verdict := junitCase{Name: "verdict", Classname: name, Time: "0"}
 		switch {
 		case r.Resolved:

@@ -49,80 +49,42 @@ infradev_tool = repository_rule(
 )
 
 def _predictions_impl(rctx):
+    # The CLI writes every patch file itself, byte for byte: a patch read into a Starlark string
+    # and written back would have its non-ASCII bytes re-encoded by Bazel 4 (Latin-1 in, UTF-8
+    # out), and no longer apply. This rule only hands over names and paths.
+    root = rctx.path(Label("//:go.mod")).dirname
+    tool = rctx.path(Label("@infradev_tool//:infradev"))
+    store = rctx.os.environ.get("INFRADEV_STORE", str(root) + "/.infradev/store")
+    args = [tool, "--store", store, "bazel-submissions", "--out", str(rctx.path("."))]
     source = rctx.os.environ.get("INFRADEV_PREDICTIONS", "")
-    model = rctx.os.environ.get("INFRADEV_MODEL", "")
-    patches = {}
     if source:
         # A label is watched: editing the file re-reads it. A plain path is read once per
         # value of INFRADEV_PREDICTIONS (`bazel sync --only=infradev_predictions` re-reads it).
         path = rctx.path(Label(source)) if source.startswith("//") or source.startswith("@") else rctx.path(source)
         if not path.exists:
             fail("INFRADEV_PREDICTIONS: %s does not exist" % source)
-        for n, line in enumerate(rctx.read(path).splitlines()):
-            if not line.strip():
-                continue
-            p = json.decode(line)
-            for field in ["instance_id", "model_name_or_path", "model_patch"]:
-                if field not in p:
-                    fail("%s:%d: %s is required" % (source, n + 1, field))
-            if model and p["model_name_or_path"] != model:
-                continue
-            iid = p["instance_id"]
-            if iid in patches:
-                fail("%s:%d: a second prediction for %s; set INFRADEV_MODEL to pick one model" % (source, n + 1, iid))
-            patches[iid] = p["model_patch"] or ""
-        unknown = [i for i in patches if i not in rctx.attr.tasks]
-        if unknown:
-            fail("%s: predictions for unknown tasks: %s" % (source, ", ".join(sorted(unknown))))
-
-    # Upstream tasks whose gold cannot be derived here (no mirror, nothing stored): their patch
-    # is an action that fails with the reason, so only their targets fail, with that message.
-    missing = []
-    for task_id, gold in rctx.attr.tasks.items():
-        if source:
-            # A task the file has no prediction for is scored as an empty submission.
-            content = patches.get(task_id, "")
-        elif gold.startswith("upstream:"):
-            content, why = _derived_gold(rctx, gold[len("upstream:"):])
-            if content == None:
-                rctx.file(task_id + ".why", why)
-                missing.append(task_id)
-                continue
+        args += ["--predictions", str(path)]
+        if hasattr(rctx, "watch"):
+            rctx.watch(path)  # Bazel 7.1+: a plain path is watched too
+    model = rctx.os.environ.get("INFRADEV_MODEL", "")
+    if model:
+        args += ["--model", model]
+    for task_id, gold in sorted(rctx.attr.tasks.items()):
+        if gold.startswith("upstream:"):
+            ref = "upstream:" + str(root) + "/" + gold[len("upstream:"):]
         else:
-            content = rctx.read(rctx.path(Label(gold)))
-        rctx.file(task_id + ".patch", content)
-    rules = "".join([_UNDERIVED.format(id = i) for i in sorted(missing)])
-    rctx.file("BUILD.bazel", """# Submissions to score, one patch per task: from {source} (model {model}).
-package(default_visibility = ["//visibility:public"])
-
-exports_files(glob(["*.patch"]))
-{rules}""".format(source = source or "each task's gold.patch", model = model or "any", rules = rules))
-
-_UNDERIVED = """
-genrule(
-    name = "{id}.underived",
-    srcs = ["{id}.why"],
-    outs = ["{id}.patch"],
-    cmd = "cat $< >&2; exit 1",
-)
-"""
-
-def _derived_gold(rctx, task_dir):
-    # An upstream task's gold patch is derived from its commits: from the store, else from a
-    # mirror (INFRADEV_STORE, INFRADEV_GIT_MIRRORS), never checked in. Returns (patch, None),
-    # or (None, why) when it cannot be derived here.
-    root = rctx.path(Label("//:go.mod")).dirname
-    tool = rctx.path(Label("@infradev_tool//:infradev"))
-    store = rctx.os.environ.get("INFRADEV_STORE", str(root) + "/.infradev/store")
-    res = rctx.execute([tool, "--store", store, "task", "derive", "--print", "gold", str(root) + "/" + task_dir], quiet = True)
+            ref = str(rctx.path(Label(gold)))
+        args.append("%s=%s" % (task_id, ref))
+    res = rctx.execute(args, quiet = True, timeout = 1200)
     if res.return_code != 0:
-        return None, "the gold patch of %s cannot be derived: %s\nPass --repo_env=INFRADEV_GIT_MIRRORS=... (or INFRADEV_STORE holding its derivation), or predictions with --repo_env=INFRADEV_PREDICTIONS.\n" % (task_dir, res.stderr.strip())
-    return res.stdout, None
+        fail("infradev bazel-submissions (%d): %s" % (res.return_code, res.stderr.strip()))
 
 infradev_predictions = repository_rule(
     implementation = _predictions_impl,
-    doc = "One patch per task, from the predictions file named by --repo_env=INFRADEV_PREDICTIONS " +
-          "(a label or an absolute path; INFRADEV_MODEL picks one model's lines), else each task's gold.",
+    doc = "One patch per task (ID.patch, with its digest in ID.digest), written byte for byte by " +
+          "`infradev bazel-submissions` from the predictions file named by " +
+          "--repo_env=INFRADEV_PREDICTIONS (a label or an absolute path; INFRADEV_MODEL picks one " +
+          "model's lines), else each task's gold.",
     attrs = {
         "tasks": attr.string_dict(doc = "Task id -> label of its gold.patch, or upstream:<task dir> for a task whose gold is derived (written by `infradev gen`).", mandatory = True),
     },

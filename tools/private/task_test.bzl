@@ -57,11 +57,12 @@ def _task_test_impl(ctx):
             "%IMAGE%": image_args,
             "%STORE%": store_args,
             "%PATCH%": _runfile(ctx.file.submission),
+            "%DIGEST%": _runfile(ctx.file.submission_digest),
         },
         is_executable = True,
     )
     image = ctx.files.environment
-    files = [spec, ctx.file.submission, ctx.executable._infradev] + ctx.files.srcs + ctx.files.probes + image
+    files = [spec, ctx.file.submission, ctx.file.submission_digest, ctx.executable._infradev] + ctx.files.srcs + ctx.files.probes + image
     return [DefaultInfo(executable = script, runfiles = ctx.runfiles(files = files))]
 
 _task_test = rule(
@@ -75,6 +76,7 @@ _task_test = rule(
         "environment": attr.label(doc = "The task's environment: an infradev_env_image target, or for an upstream task an infradev_env_definition.", mandatory = True),
         "upstream": attr.bool(doc = "The task references an upstream change: its image and files are built by run-task from the environment's definition, the store and the mirrors.", default = False),
         "submission": attr.label(doc = "The patch to score (a unified diff; may be empty).", allow_single_file = True, mandatory = True),
+        "submission_digest": attr.label(doc = "The submission's digest as the user gave it (sha256:...): run-task refuses a patch whose bytes differ.", allow_single_file = True, mandatory = True),
         "_infradev": attr.label(doc = "The InfraDev CLI.", default = "@infradev_tool//:infradev", executable = True, cfg = "exec", allow_single_file = True),
         "_template": attr.label(doc = "The test's script, filled in per task.", default = Label("//tools/private:task_test.sh.tpl"), allow_single_file = True),
     },
@@ -83,7 +85,7 @@ _task_test = rule(
 # Bazel's timeout classes, in seconds.
 _TIMEOUTS = [("short", 60), ("moderate", 300), ("long", 900), ("eternal", 3600)]
 
-def infradev_task_test(name, spec, probes, environment, submission, srcs = [], gpus = 0, cpus = 1, memory = "", timeout_seconds = 0, tags = [], upstream = False, **kwargs):
+def infradev_task_test(name, spec, probes, environment, submission, submission_digest = None, srcs = [], gpus = 0, cpus = 1, memory = "", timeout_seconds = 0, tags = [], upstream = False, **kwargs):
     """A task as a test target.
 
     Args:
@@ -92,6 +94,8 @@ def infradev_task_test(name, spec, probes, environment, submission, srcs = [], g
       probes: filegroup of the task's probes directory.
       environment: the infradev_env_image the task runs in.
       submission: the patch file to score (e.g. @infradev_predictions//:ID.patch).
+      submission_digest: the file holding its digest as given (default: the submission's label
+        with .digest for .patch, as @infradev_predictions writes it).
       srcs: the task's other agent-facing files.
       gpus: GPUs the task needs; sets the `resources:gpu:N` tag (Bazel 7+ schedules it against
         --local_extra_resources=gpu=N) and the `gpu` execution property for remote pools.
@@ -104,6 +108,10 @@ def infradev_task_test(name, spec, probes, environment, submission, srcs = [], g
         (pass INFRADEV_STORE and INFRADEV_GIT_MIRRORS with --test_env).
       **kwargs: common test attributes (visibility, flaky, ...).
     """
+    if submission_digest == None:
+        if not submission.endswith(".patch"):
+            fail("infradev_task_test(%s): submission %s does not end in .patch: give submission_digest" % (name, submission))
+        submission_digest = submission[:-len(".patch")] + ".digest"
     if gpus < 0 or cpus < 1:
         fail("infradev_task_test(%s): gpus must be >= 0 and cpus >= 1" % name)
     if "timeout" in kwargs or "size" in kwargs:
@@ -130,6 +138,7 @@ def infradev_task_test(name, spec, probes, environment, submission, srcs = [], g
         probes = probes,
         environment = environment,
         submission = submission,
+        submission_digest = submission_digest,
         timeout = timeout,
         tags = all_tags,
         exec_properties = exec_properties,

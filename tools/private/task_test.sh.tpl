@@ -17,5 +17,5 @@ stage "%PROBES%" "$TEST_TMPDIR/probes" %PROBE_FILES%
 out="${TEST_UNDECLARED_OUTPUTS_DIR:-$TEST_TMPDIR}/run"
 exec "%INFRADEV%" --cache "${INFRADEV_CACHE:-$TEST_TMPDIR/cache}" %STORE% run-task \
   --task "$TEST_TMPDIR/task" --probes "$TEST_TMPDIR/probes" %IMAGE% \
-  --patch "%PATCH%" --out "$out" --model "${INFRADEV_MODEL:-bazel}" \
+  --patch "%PATCH%" --submission-digest "$(cat "%DIGEST%")" --out "$out" --model "${INFRADEV_MODEL:-bazel}" \
   --results "${INFRADEV_RESULTS:-}"

@@ -28,8 +28,8 @@ var layers = [][]string{
 	// The specs: environments, tasks, probes, predictions; GPU leases.
 	{"envspec", "task", "probe", "predictions", "lease"},
 	// Images, upstream derivations, the attempt's vocabulary, the protocol with the sandbox's
-	// test runs, reports of many results, samples, Bazel files.
-	{"image", "upstream", "attempt", "pytestproto", "report", "samples", "suite", "bazelgen"},
+	// test runs, reports of many results, samples, Bazel files and the submissions they score.
+	{"image", "upstream", "attempt", "pytestproto", "report", "samples", "suite", "bazelgen", "submissions"},
 	// Grading a phase's raw output.
 	{"grade"},
 	// Preparing tasks' images; running one attempt (here, or as a Slurm job); the results store

@@ -42,7 +42,7 @@ def plant(path, src, canaries):
         rng = random.Random(c["seed"])
         if c["kind"] == "class":
             # A file without test classes lends its functions' words, a few at a time.
-            cls = "Test" + "".join(w[:1].upper() + w[1:] for w in (cls_words or fn_words).name(rng, taken, camel=True, limit=3))
+            cls = "Test" + "".join(w[:1].upper() + w[1:] for w in (cls_words or fn_words).name(rng, taken, camel=True))
             taken.add(cls)
             method = "test_" + "_".join(fn_words.name(rng, set()))
             body = c["body"].replace("__CANARY_CLASS__", cls).replace("__CANARY_METHOD__", method)
@@ -103,6 +103,10 @@ class Words:
         self.novelty = novel / pairs if pairs else 0.0
         self.uniqueness = unique / words if words and self.fresh_words else 0.0
         self.lengths = [len(n) for n in self.names] or [2]
+        # A fresh word makes the pairs on both its sides novel already: out of turn only as
+        # often as the novelty fresh words leave unexplained.
+        mean = sum(self.lengths) / len(self.lengths)
+        self.out_of_turn = max(0.0, self.novelty - 2 * self.uniqueness * mean / (mean + 1))
 
     def __bool__(self):
         return bool(self.names)
@@ -111,7 +115,7 @@ class Words:
         if self.fresh_words and rng.random() < self.uniqueness:
             return rng.choice(self.fresh_words)
         nxt = [w for w in self.next.get(prev, []) if w != "</s>"]
-        if not nxt or rng.random() < self.novelty:
+        if not nxt or rng.random() < self.out_of_turn:
             nxt = self.vocab or ["case"]
         return rng.choice(nxt)
 

@@ -133,7 +133,7 @@ def _learn(trials):
 @pytest.mark.parametrize("planter, name", [(plant.plant, "plant"), (_hex_planter, "hex")])
 def test_a_classifier_that_knows_the_rules(planter, name, record_property):
     rng = random.Random(7)
-    train, test = _trials(planter, rng, 300), _trials(planter, rng, 300)
+    train, test = _trials(planter, rng, 1000), _trials(planter, rng, 1000)
     direction = _learn(train)
     got, chance = _precision(test, direction)
     print("%s: direction %s" % (name, np.round(direction, 2)))
@@ -143,4 +143,4 @@ def test_a_classifier_that_knows_the_rules(planter, name, record_property):
         # The classifier has the power to see canaries made the old way.
         assert got > 0.9, (got, chance)
     else:
-        assert got < chance + 0.1, "a classifier tells canaries from the file's tests: precision %.3f, chance %.3f" % (got, chance)
+        assert got < chance + 0.07, "a classifier tells canaries from the file's tests: precision %.3f, chance %.3f" % (got, chance)

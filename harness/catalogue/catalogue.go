@@ -104,7 +104,7 @@ func status(t *task.Task, probesDir, envsRoot string) (string, error) {
 	if changed != "" {
 		return "stale (" + changed + ")", nil
 	}
-	return rec.Status, nil
+	return rec.StatusText(), nil
 }
 
 // Markdown renders the rows as a table.

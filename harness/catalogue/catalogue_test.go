@@ -59,7 +59,7 @@ func record(t *testing.T, root string, tk *task.Task) {
 	if err != nil || lock == nil {
 		t.Fatalf("lock: %v", err)
 	}
-	rep := &validate.Report{Task: tk.ID, GoldRuns: 3, GoldResolved: 3, Empty: "ok"}
+	rep := &validate.Report{Task: tk.ID, GoldRuns: 3, GoldResolved: 3, Empty: "ok", TamperRuns: 2, TamperOK: 2, Forgeries: 2, ForgeriesOK: 2}
 	pdir := filepath.Join(root, "probes/demo/minirl-0001")
 	td, pd, err := validate.Digests(tk, pdir)
 	if err != nil {
@@ -107,6 +107,14 @@ func TestStatusComesFromTheRecord(t *testing.T) {
 			}
 		})
 	}
+	// A record made before the forgery check is shown as such.
+	record(t, root, tk)
+	p := filepath.Join(root, "probes/demo/minirl-0001", validate.RecordFile)
+	data, _ := os.ReadFile(p)
+	os.WriteFile(p, []byte(strings.Replace(string(data), validate.RecordSchema, validate.LegacySchema, 1)), 0o644)
+	if s := rows(t, root)[0].Status; s != "cpu (before the forgery check)" {
+		t.Fatalf("legacy record: status %q", s)
+	}
 	// A Bazel file beside the task is not part of what was validated.
 	record(t, root, tk)
 	os.WriteFile(filepath.Join(root, "tasks/demo/minirl-0001/BUILD.bazel"), []byte("# edited\n"), 0o644)
@@ -124,7 +132,7 @@ func TestBadRecordsAreNamed(t *testing.T) {
 		"not json":      {`{"schema":`, "validation.json"},
 		"schema":        {`{"schema":"infradev.validation/v0","status":"cpu"}`, "field schema"},
 		"unknown field": {`{"schema":"infradev.validation/v1","status":"cpu","passed":true}`, `unknown field "passed"`},
-		"status":        {`{"schema":"infradev.validation/v1","status":"resolved"}`, "field status"},
+		"status":        {`{"schema":"infradev.validation/v2","status":"resolved"}`, "field status"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			os.WriteFile(p, []byte(c.data), 0o644)
@@ -146,7 +154,7 @@ func TestBadRecordsAreNamed(t *testing.T) {
 		filepath.Dir(p), td, pd, "", "h", "cpu", time.Now()); err == nil {
 		t.Fatal("a record for a failed validation")
 	}
-	ok := &validate.Report{Task: tk.ID, GoldRuns: 3, GoldResolved: 3, Empty: "ok"}
+	ok := &validate.Report{Task: tk.ID, GoldRuns: 3, GoldResolved: 3, Empty: "ok", TamperRuns: 2, TamperOK: 2, Forgeries: 2, ForgeriesOK: 2}
 	if _, err := validate.NewRecord(ok, tk, filepath.Dir(p), td, pd, "", "h", "cpu", time.Now()); err != nil {
 		t.Fatal(err)
 	}

@@ -250,7 +250,7 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 // checkRecords is validate --offline's check: every task has a current validation record whose
 // status its GPU needs allow.
 func checkRecords(cmd *cobra.Command, items []validate.Item, envs string) error {
-	var problems []string
+	var problems, notes []string
 	for _, it := range items {
 		lock, err := image.ReadLock(filepath.Join(envs, it.Task.Environment))
 		if err != nil {
@@ -260,19 +260,28 @@ func checkRecords(cmd *cobra.Command, items []validate.Item, envs string) error 
 		if lock != nil {
 			env = lock.Manifest
 		}
-		if problem, err := validate.CheckRecord(it.Task, it.Probes.Dir, env); err != nil {
+		problem, note, err := validate.CheckRecord(it.Task, it.Probes.Dir, env)
+		if err != nil {
 			return err
-		} else if problem != "" {
+		}
+		if problem != "" {
 			problems = append(problems, problem)
 		}
+		if note != "" {
+			notes = append(notes, note)
+		}
 	}
-	for _, p := range problems {
+	for _, p := range append(problems, notes...) {
 		fmt.Fprintln(cmd.ErrOrStderr(), p)
 	}
 	if len(problems) > 0 {
 		return &ExitError{Code: ExitFailed, Err: fmt.Errorf("%d of %d task(s) lack a current validation record", len(problems), len(items))}
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "%d task(s): every validation record current\n", len(items))
+	fmt.Fprintf(cmd.OutOrStdout(), "%d task(s): every validation record current", len(items))
+	if len(notes) > 0 {
+		fmt.Fprintf(cmd.OutOrStdout(), ", %d of them made before the forgery check", len(notes))
+	}
+	fmt.Fprintln(cmd.OutOrStdout())
 	return nil
 }
 

@@ -2,6 +2,7 @@ package validate_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -83,10 +84,10 @@ func TestTaskNeedingGPUsIsPendingWithoutThem(t *testing.T) {
 	if err := validate.WriteRecord(ps.Dir, rec); err != nil {
 		t.Fatal(err)
 	}
-	if p, err := validate.CheckRecord(tk, ps.Dir, "sha256:env"); err != nil || p != "" {
+	if p, _, err := validate.CheckRecord(tk, ps.Dir, "sha256:env"); err != nil || p != "" {
 		t.Fatalf("current gpu-pending record: %q, %v", p, err)
 	}
-	if p, _ := validate.CheckRecord(tk, ps.Dir, "sha256:other"); !strings.Contains(p, "stale: environment") {
+	if p, _, _ := validate.CheckRecord(tk, ps.Dir, "sha256:other"); !strings.Contains(p, "stale: environment") {
 		t.Errorf("record for another environment: %q; want stale naming the environment", p)
 	}
 
@@ -120,7 +121,7 @@ func TestTaskNeedingGPUsIsPendingWithoutThem(t *testing.T) {
 // CheckRecord names a missing record and a status the task's GPU needs do not allow.
 func TestCheckRecordNamesTheProblem(t *testing.T) {
 	tk, ps := gpuTask(t, 0)
-	if p, _ := validate.CheckRecord(tk, ps.Dir, "sha256:env"); !strings.Contains(p, "no validation record") {
+	if p, _, _ := validate.CheckRecord(tk, ps.Dir, "sha256:env"); !strings.Contains(p, "no validation record") {
 		t.Errorf("no record: %q", p)
 	}
 	td, pd, _ := validate.Digests(tk, ps.Dir)
@@ -148,9 +149,41 @@ func TestCheckRecordNamesTheProblem(t *testing.T) {
 	}
 	rec.Status = "gpu-pending" // as a hand edit would
 	validate.WriteRecord(ps.Dir, rec)
-	if p, _ := validate.CheckRecord(tk, ps.Dir, "sha256:env"); !strings.Contains(p, `field status: "gpu-pending", but the task needs 0 GPU(s)`) {
+	if p, _, _ := validate.CheckRecord(tk, ps.Dir, "sha256:env"); !strings.Contains(p, `field status: "gpu-pending", but the task needs 0 GPU(s)`) {
 		t.Errorf("gpu-pending record of a CPU task: %q", p)
 	}
 }
 
 func (f *fakeRunner) Digests(runner.Inputs) (result.Inputs, error) { return result.Inputs{}, nil }
+
+// A record written before the forgery check is still current while its digests are, but it
+// comes with a note saying so, is shown marked, and is never written again as such.
+func TestLegacyRecordIsCurrentButMarked(t *testing.T) {
+	tk, ps := gpuTask(t, 0)
+	td, pd, _ := validate.Digests(tk, ps.Dir)
+	legacy := fmt.Sprintf(`{"schema": %q, "task": %q, "status": "cpu", "hardware": "cpu", "task_digest": %q, "probes_digest": %q, "environment": "sha256:env"}`,
+		validate.LegacySchema, tk.ID, td, pd)
+	if err := os.WriteFile(filepath.Join(ps.Dir, validate.RecordFile), []byte(legacy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, note, err := validate.CheckRecord(tk, ps.Dir, "sha256:env")
+	if err != nil || p != "" || !strings.Contains(note, "validated before the forgery check") {
+		t.Fatalf("current legacy record: problem %q note %q err %v; want no problem and a note", p, note, err)
+	}
+	rec, err := validate.ReadRecord(ps.Dir)
+	if err != nil || !rec.Legacy || rec.StatusText() != "cpu (before the forgery check)" {
+		t.Fatalf("legacy record read as %+v (%v)", rec, err)
+	}
+	if err := validate.WriteRecord(ps.Dir, rec); err == nil {
+		t.Error("a legacy record was written back")
+	}
+	// Stale is stale whatever the schema.
+	if p, _, _ := validate.CheckRecord(tk, ps.Dir, "sha256:other"); !strings.Contains(p, "stale: environment") {
+		t.Errorf("stale legacy record: %q", p)
+	}
+	// A schema it does not know is an error naming the file and field.
+	os.WriteFile(filepath.Join(ps.Dir, validate.RecordFile), []byte(`{"schema": "infradev.validation/v0", "status": "cpu"}`), 0o644)
+	if _, err := validate.ReadRecord(ps.Dir); err == nil || !strings.Contains(err.Error(), "field schema") || !strings.Contains(err.Error(), validate.RecordFile) {
+		t.Errorf("unknown schema: %v", err)
+	}
+}

@@ -21,6 +21,12 @@ import (
 // RecordSchema versions validation records.
 const RecordSchema = "infradev.validation/v2"
 
+// LegacySchema is the schema of records written before validation ran the forgery check: such a
+// record still pins what was validated and is current while its digests are, but it proves less
+// (its probes were not shown to withstand children that forge their messages), so it is read
+// with Legacy set and said so wherever it is shown.
+const LegacySchema = "infradev.validation/v1"
+
 // Statuses are what a record may say of its task (see Record.Status).
 var Statuses = []string{"cpu", "gpu", "gpu-pending"}
 
@@ -54,6 +60,9 @@ type Record struct {
 	ForgeryRuns int     `json:"forgery_runs"`
 	WallSeconds float64 `json:"wall_seconds"`
 	ValidatedAt string  `json:"validated_at"`
+
+	// Legacy is set when the record was read from a LegacySchema file (never written).
+	Legacy bool `json:"-"`
 }
 
 // Digests are the current digests of a task's directory and its probes' (everything but the
@@ -106,6 +115,9 @@ func NewRecord(rep *Report, t *task.Task, probesDir, taskDigest, probesDigest, e
 
 // WriteRecord writes probesDir/validation.json atomically.
 func WriteRecord(probesDir string, r *Record) error {
+	if r.Schema != RecordSchema {
+		return fmt.Errorf("%s: a record of schema %q is not written (want %q)", filepath.Join(probesDir, RecordFile), r.Schema, RecordSchema)
+	}
 	return atomicfile.WriteJSON(filepath.Join(probesDir, RecordFile), r)
 }
 
@@ -125,7 +137,11 @@ func ReadRecord(probesDir string) (*Record, error) {
 	if err := dec.Decode(&r); err != nil {
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
-	if r.Schema != RecordSchema {
+	switch r.Schema {
+	case RecordSchema:
+	case LegacySchema:
+		r.Legacy = true
+	default:
 		return nil, fmt.Errorf("%s: field schema: %q, want %q", p, r.Schema, RecordSchema)
 	}
 	if !slices.Contains(Statuses, r.Status) {
@@ -160,26 +176,39 @@ func (r *Record) Stale(t *task.Task, probesDir, environment string) (string, err
 
 // CheckRecord says what is wrong with the task's validation record against the task as it is
 // and its environment's locked manifest: none, stale, or a status its GPU needs do not allow
-// ("" when the record is current).
-func CheckRecord(t *task.Task, probesDir, environment string) (string, error) {
+// ("" when the record is current). A current record of the legacy schema is no problem but
+// comes back as a note ("" otherwise): it predates the forgery check.
+func CheckRecord(t *task.Task, probesDir, environment string) (problem, note string, err error) {
 	rec, err := ReadRecord(probesDir)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	file := filepath.Join(probesDir, RecordFile)
 	if rec == nil {
-		return fmt.Sprintf("%s: no validation record (infradev validate --record writes it)", file), nil
+		return fmt.Sprintf("%s: no validation record (infradev validate --record writes it)", file), "", nil
 	}
 	changed, err := rec.Stale(t, probesDir, environment)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if changed != "" {
-		return fmt.Sprintf("%s: stale: %s changed since it was written (validate again)", file, changed), nil
+		return fmt.Sprintf("%s: stale: %s changed since it was written (validate again)", file, changed), "", nil
 	}
 	needs := t.Resources.GPUs.Count > 0
 	if needs == (rec.Status == "cpu") {
-		return fmt.Sprintf("%s: field status: %q, but the task needs %d GPU(s)", file, rec.Status, t.Resources.GPUs.Count), nil
+		return fmt.Sprintf("%s: field status: %q, but the task needs %d GPU(s)", file, rec.Status, t.Resources.GPUs.Count), "", nil
 	}
-	return "", nil
+	if rec.Legacy {
+		note = fmt.Sprintf("%s: schema %q: validated before the forgery check (validate --record again to prove its probes withstand forging children)", file, LegacySchema)
+	}
+	return "", note, nil
+}
+
+// StatusText is how a current record's status is shown: its status, marked when the record
+// predates the forgery check.
+func (r *Record) StatusText() string {
+	if r.Legacy {
+		return r.Status + " (before the forgery check)"
+	}
+	return r.Status
 }

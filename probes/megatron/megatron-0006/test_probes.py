@@ -1,13 +1,16 @@
 """Hidden probes for megatron-0006 (int64 block and Mamba decode indices in the inference
 bookkeeping buffers).
 
-The judge never imports megatron or torch. Children build ContextGPUView and
-DynamicInferenceContext objects on a CUDA device (no process group: tensor and pipeline parallel
-size 1) and send back, per field, its dtype, shape and byte offset inside the backing buffer, or
-the values that arrive on the GPU after the per-step transfer. The judge recomputes the expected
-layout from the table in the instruction with its own arithmetic."""
+The judge never imports megatron or torch. Every size and value is drawn fresh for each attempt.
+Children build ContextGPUView and DynamicInferenceContext objects on a CUDA device (no process
+group: tensor and pipeline parallel size 1) and send back, per field, its dtype, shape and byte
+offset inside the backing buffer, or the values that arrive on the GPU after the per-step
+transfer. The judge recomputes the expected layout from the table in the instruction with its own
+arithmetic, and knows the values it had the child write."""
 
-from infradev_probe import run
+import numpy as np
+
+from infradev_probe import fresh, run
 
 # The layout the instruction specifies: (GPU view field, CPU field in DynamicInferenceContext,
 # dtype, item size, shape as a function of T, R, K, C).
@@ -45,6 +48,10 @@ MAMBA = [
 ]
 GPU_NAMES = [f[0] for f in TOKEN_AND_REQUEST + MAMBA]
 CPU_NAMES = [f[1] for f in TOKEN_AND_REQUEST + MAMBA]
+# Fields transfer_bookkeeping_to_gpu refreshes from other state before its copy (the request
+# staging slots); the transfer probe writes every other field.
+REFRESHED = {"request_in_prefill_status", "request_query_lengths", "request_kv_length_offsets",
+             "temperature", "top_k", "top_p"}
 
 
 def expected_layout(T, R, K, C):
@@ -55,20 +62,20 @@ def expected_layout(T, R, K, C):
     for gpu, _, dtype, size, shape in TOKEN_AND_REQUEST:
         s = shape(T, R, K, C)
         out[gpu] = (off, dtype, s)
-        n = size
-        for d in s:
-            n *= d
-        off += n
+        off += size * int(np.prod(s))
     if C > 0:
         off += (-off) % 8
         for gpu, _, dtype, size, shape in MAMBA:
             s = shape(T, R, K, C)
             out[gpu] = (off, dtype, s)
-            n = size
-            for d in s:
-                n *= d
-            off += n
+            off += size * int(np.prod(s))
     return out, off
+
+
+def needs_pad(T, R, K):
+    """Whether the bytes before the Mamba section are an odd multiple of 4."""
+    _, before = expected_layout(T, R, K, 0)
+    return before % 8 != 0
 
 
 PRELUDE = """
@@ -118,19 +125,6 @@ def dims(ctx):
                 C=getattr(ctx, "_max_mamba_chunks", 0))
 """
 
-# (max_requests, max_tokens, max_kv_blocks, max_mamba_chunks): the bytes before the Mamba section
-# are an odd multiple of 4 in the first, third, fifth and sixth cases (4 bytes of padding before a
-# Mamba section; the third and sixth have none, so no padding) and a multiple of 8 in the second
-# and fourth.
-VIEW_CASES = [
-    dict(R=5, T=34, K=8, C=3),
-    dict(R=4, T=16, K=8, C=3),
-    dict(R=3, T=17, K=5, C=0),
-    dict(R=7, T=130, K=3, C=9),
-    dict(R=1, T=3, K=1, C=1),
-    dict(R=6, T=21, K=2, C=0),
-]
-
 
 def check_layout(where, got, T, R, K, C, names):
     want, total = expected_layout(T, R, K, C)
@@ -146,7 +140,28 @@ def check_layout(where, got, T, R, K, C, names):
     return total
 
 
+def view_cases(rng):
+    """Random view sizes covering: Mamba fields needing 4 bytes of padding, Mamba fields needing
+    none, and no Mamba fields with the token and request bytes ending off an 8-byte boundary."""
+    kinds = ["pad", "nopad", "none_odd"] + [str(rng.choice(["pad", "nopad", "none_odd", "none_even"]))
+                                           for _ in range(int(rng.integers(2, 6)))]
+    rng.shuffle(kinds)
+    cases = []
+    for kind in kinds:
+        while True:
+            R, T, K = int(rng.integers(1, 40)), int(rng.integers(1, 400)), int(rng.integers(1, 20))
+            pad = needs_pad(T, R, K)
+            if kind in ("pad", "none_odd") and not pad or kind in ("nopad", "none_even") and pad:
+                continue
+            C = int(rng.integers(1, 30)) if kind in ("pad", "nopad") else 0
+            cases.append(dict(R=R, T=T, K=K, C=C))
+            break
+    return cases
+
+
 def test_gpu_view_layout():
+    rng = fresh()
+    cases = view_cases(rng)
     out = run(PRELUDE + """
 from megatron.core.inference.contexts.gpu_view import ContextGPUView
 
@@ -157,7 +172,7 @@ for c in ARGS["cases"]:
         v = ContextGPUView(max_requests=c["R"], max_tokens=c["T"], max_kv_blocks=c["K"],
                            device=torch.device("cuda"), max_mamba_chunks=c["C"])
     except Exception as e:
-        results.append(dict(error=f"{type(e).__name__}: {e}"))
+        results.append(dict(error=type(e).__name__))
         continue
     results.append(dict(
         fields=describe(v._buf, {n: getattr(v, n) for n in NAMES}),
@@ -166,33 +181,61 @@ for c in ARGS["cases"]:
         buf_device=v._buf.device.type,
     ))
 emit(results=results)
-""", args={"cases": VIEW_CASES, "names": GPU_NAMES})
-    for c, got in zip(VIEW_CASES, out["results"]):
+""", args={"cases": cases, "names": GPU_NAMES})
+    assert len(out["results"]) == len(cases), f"{len(out['results'])} results for {len(cases)} views"
+    for c, got in zip(cases, out["results"]):
         where = f"ContextGPUView(max_requests={c['R']}, max_tokens={c['T']}, max_kv_blocks={c['K']}, max_mamba_chunks={c['C']})"
         assert "error" not in got, f"{where} raised {got.get('error')}"
-        assert got["buf_dtype"] == "uint8" and got["buf_device"] == "cuda", \
-            f"{where}: _buf is {got['buf_dtype']} on {got['buf_device']}, want one uint8 buffer on the GPU"
         total = check_layout(where, got["fields"], c["T"], c["R"], c["K"], c["C"], GPU_NAMES)
         assert got["total"] == total, f"{where}: _buf holds {got['total']} bytes, want exactly {total}"
+    for c, got in zip(cases, out["results"]):
+        assert got["buf_dtype"] == "uint8" and got["buf_device"] == "cuda", \
+            f"ContextGPUView({c}): _buf is {got['buf_dtype']} on {got['buf_device']}, want one uint8 buffer on the GPU"
 
 
-# Contexts whose own dimensions make the bytes before the Mamba section an odd multiple of 4
-# (first: 4 bytes of padding), a multiple of 8 (second), and an attention-only model (third).
-CONTEXT_CASES = [
-    dict(layers="MAMA", max_requests=5, max_tokens=334, max_seq=512, block=64, chunk=128),
-    dict(layers="MA", max_requests=8, max_tokens=256, max_seq=300, block=32, chunk=64),
-    dict(layers="AA", max_requests=3, max_tokens=101, max_seq=200, block=64, chunk=128),
-]
+def context_case(rng, kind):
+    """A context whose own dimensions give: hybrid with 4 bytes of padding ("pad"), hybrid
+    without ("nopad"), or attention-only with the fields ending off ("attn_odd") or on
+    ("attn_even") an 8-byte boundary."""
+    while True:
+        block = int(rng.choice([16, 32, 64, 128]))
+        max_seq = int(rng.integers(64, 1200))
+        R = int(rng.integers(1, 24))
+        T = int(rng.integers(max(R, 8), 700))
+        K = -(-max_seq // block)
+        pad = needs_pad(T, R, K)
+        if kind in ("pad", "attn_odd") and not pad or kind in ("nopad", "attn_even") and pad:
+            continue
+        n = int(rng.integers(2, 6))
+        if kind.startswith("attn"):
+            layers = "A" * n
+        else:
+            layers = "".join("M" if rng.random() < 0.5 else "A" for _ in range(n))
+            if "M" not in layers or "A" not in layers:
+                continue
+        return dict(layers=layers, max_requests=R, max_tokens=T, max_seq=max_seq, block=block,
+                    chunk=int(rng.choice([32, 64, 128, 256])))
+
+
+def expected_dims(c):
+    R, T = c["max_requests"], c["max_tokens"]
+    C = T // c["chunk"] + R if "M" in c["layers"] else 0
+    return dict(T=T, R=R, K=-(-c["max_seq"] // c["block"]), C=C)
 
 
 def test_context_cpu_mirror_matches_gpu_view():
+    rng = fresh()
+    kinds = ["pad", "nopad", "attn_odd"] + [str(rng.choice(["pad", "nopad", "attn_odd", "attn_even"]))
+                                            for _ in range(int(rng.integers(0, 3)))]
+    rng.shuffle(kinds)
+    cases = [context_case(rng, k) for k in kinds]
     out = run(CONTEXT_PRELUDE + """
 results = []
 for c in ARGS["cases"]:
     try:
         ctx = make_context(c)
     except Exception as e:
-        results.append(dict(error=f"{type(e).__name__}: {e}"))
+        results.append(dict(error=type(e).__name__))
         continue
     cpu = {}
     for g, n in zip(ARGS["gpu"], ARGS["cpu"]):
@@ -208,65 +251,63 @@ for c in ARGS["cases"]:
         pinned=bool(buf.is_pinned()),
     ))
 emit(results=results)
-""", args={"cases": CONTEXT_CASES, "gpu": GPU_NAMES, "cpu": CPU_NAMES})
-    for c, got in zip(CONTEXT_CASES, out["results"]):
-        where = f"DynamicInferenceContext(layers {c['layers']}, max_requests {c['max_requests']}, max_tokens {c['max_tokens']})"
+""", args={"cases": cases, "gpu": GPU_NAMES, "cpu": CPU_NAMES})
+    assert len(out["results"]) == len(cases), f"{len(out['results'])} results for {len(cases)} contexts"
+    for c, got in zip(cases, out["results"]):
+        where = (f"DynamicInferenceContext(layers {c['layers']}, max_requests {c['max_requests']}, max_tokens "
+                 f"{c['max_tokens']}, max_sequence_length {c['max_seq']}, block_size_tokens {c['block']}, "
+                 f"mamba_chunk_size {c['chunk']})")
         assert "error" not in got, f"{where} raised {got.get('error')}"
-        d = got["dims"]
-        if "M" not in c["layers"]:
-            assert d["C"] == 0, f"{where}: an attention-only context has {d['C']} Mamba chunks"
+        d = expected_dims(c)
+        assert got["dims"] == d, f"{where}: max_tokens, max_requests, max_kv_block_count, _max_mamba_chunks are {got['dims']}, want {d}"
         T, R, K, C = d["T"], d["R"], d["K"], d["C"]
         assert got["cpu_device"] == "cpu" and got["pinned"], f"{where}: _cpu_bookkeeping_buf must stay in pinned CPU memory"
         total = check_layout(f"{where}, GPU view", got["gpu"], T, R, K, C, GPU_NAMES)
-        cpu_names = [g for g in GPU_NAMES]
-        if C == 0:
-            cpu_names = [f[0] for f in TOKEN_AND_REQUEST]
+        cpu_names = GPU_NAMES if C else [f[0] for f in TOKEN_AND_REQUEST]
         check_layout(f"{where}, CPU bookkeeping buffer", got["cpu"], T, R, K, C, cpu_names)
         assert got["gpu_total"] == total and got["cpu_total"] == total, (
             f"{where}: CPU buffer {got['cpu_total']} bytes, GPU buffer {got['gpu_total']} bytes, want both {total}")
 
 
-TRANSFER_CASE = dict(layers="MAMA", max_requests=5, max_tokens=334, max_seq=512, block=64, chunk=128)
-
-
 def test_transfer_carries_wide_indices():
-    T = TRANSFER_CASE["max_tokens"]
-    R = TRANSFER_CASE["max_requests"]
-    # Block indices past 2**31 and 2**32 (an int32 slot cannot hold them), Mamba slot indices
-    # past 2**31, and recognisable values in the neighbouring int32 fields.
-    block_idx = [(1 << 31) + 7 * i if i % 3 else (1 << 32) + i for i in range(T)]
-    decode = [(1 << 31) + 1000 + 11 * i for i in range(R)]
-    local = [(i * 13) % 64 for i in range(T)]
-    req_idx = [i % R for i in range(T)]
-    pos = [1 << 40 | i for i in range(T)]
-    prefill = [100 + i for i in range(R)]
+    rng = fresh()
+    # bytes before the Mamba section an odd multiple of 4: decode indices sit after padding
+    case = context_case(rng, "pad")
+    d = expected_dims(case)
+    T, R, K, C = d["T"], d["R"], d["K"], d["C"]
+    shapes = {f[0]: (f[2], f[4](T, R, K, C)) for f in TOKEN_AND_REQUEST + MAMBA}
+    values = {}
+    for name, (dtype, shape) in shapes.items():
+        if name in REFRESHED:
+            continue
+        if dtype == "int64":
+            # past 2**31 and 2**32: an int32 slot cannot hold them
+            v = rng.integers(1 << 31, 1 << 40, size=shape, dtype=np.int64)
+            v[rng.random(shape) < 0.3] = rng.integers(0, 1 << 16)
+        else:
+            v = rng.integers(-(1 << 31), 1 << 31, size=shape, dtype=np.int64).astype(np.int32)
+        values[name] = v
+    cpu_of = {f[0]: f[1] for f in TOKEN_AND_REQUEST + MAMBA}
     out = run(CONTEXT_PRELUDE + """
+import numpy as np
 ctx = make_context(ARGS["case"])
-ctx.token_to_block_idx.copy_(torch.tensor(ARGS["block_idx"], dtype=torch.int64))
-ctx.token_to_pos_ids.copy_(torch.tensor(ARGS["pos"], dtype=torch.int64))
-ctx.token_to_local_position_within_kv_block.copy_(torch.tensor(ARGS["local"], dtype=torch.int32))
-ctx.token_to_request_idx.copy_(torch.tensor(ARGS["req_idx"], dtype=torch.int32))
-ctx._cpu_mamba_batch_indices_decode.copy_(torch.tensor(ARGS["decode"], dtype=torch.int64))
-ctx._cpu_mamba_batch_indices_prefill.copy_(torch.tensor(ARGS["prefill"], dtype=torch.int32))
+for name, v in ARGS["values"].items():
+    getattr(ctx, ARGS["cpu_of"][name]).copy_(torch.from_numpy(np.ascontiguousarray(v)))
 ctx.transfer_bookkeeping_to_gpu()
 torch.cuda.synchronize()
 v = ctx.gpu_view
-emit(block_idx=v.token_to_block_idx.cpu().tolist(), block_dtype=str(v.token_to_block_idx.dtype),
-     pos=v.token_to_pos_ids.cpu().tolist(), local=v.token_to_local_position_within_kv_block.cpu().tolist(),
-     req_idx=v.token_to_request_idx.cpu().tolist(), decode=v.mamba_batch_indices_decode.cpu().tolist(),
-     decode_dtype=str(v.mamba_batch_indices_decode.dtype), prefill=v.mamba_batch_indices_prefill.cpu().tolist())
-""", args=dict(case=TRANSFER_CASE, block_idx=block_idx, decode=decode, local=local, req_idx=req_idx, pos=pos,
-               prefill=prefill))
-    assert out["block_dtype"] == "torch.int64", f"gpu_view.token_to_block_idx is {out['block_dtype']}"
-    assert out["decode_dtype"] == "torch.int64", f"gpu_view.mamba_batch_indices_decode is {out['decode_dtype']}"
-    for name, want in (("token_to_block_idx", block_idx), ("token_to_pos_ids", pos),
-                       ("token_to_local_position_within_kv_block", local), ("token_to_request_idx", req_idx),
-                       ("mamba_batch_indices_decode", decode), ("mamba_batch_indices_prefill", prefill)):
-        key = {"token_to_block_idx": "block_idx", "token_to_pos_ids": "pos",
-               "token_to_local_position_within_kv_block": "local", "token_to_request_idx": "req_idx",
-               "mamba_batch_indices_decode": "decode", "mamba_batch_indices_prefill": "prefill"}[name]
-        got = out[key]
-        bad = [i for i, (a, b) in enumerate(zip(got, want)) if a != b]
-        assert len(got) == len(want) and not bad, (
-            f"after transfer_bookkeeping_to_gpu, gpu_view.{name} differs from the CPU values at "
-            f"{len(bad)} positions (first {bad[:3]}: got {[got[i] for i in bad[:3]]}, want {[want[i] for i in bad[:3]]})")
+emit(got={name: getattr(v, name).cpu().numpy() for name in ARGS["values"]},
+     dtypes={name: str(getattr(v, name).dtype).replace("torch.", "") for name in ARGS["values"]})
+""", args=dict(case=case, values=values, cpu_of=cpu_of))
+    want_dtypes = {name: shapes[name][0] for name in values}
+    assert out["dtypes"] == want_dtypes, f"gpu_view field dtypes {out['dtypes']}, want {want_dtypes}"
+    where = (f"a hybrid context (layers {case['layers']}, max_requests {R}, max_tokens {T}, "
+             f"{K} KV blocks per request, {C} Mamba chunks)")
+    for name, want in values.items():
+        got = out["got"][name]
+        assert got.shape == want.shape, f"{where}: gpu_view.{name} has shape {got.shape}, want {want.shape}"
+        bad = np.flatnonzero(got.astype(np.int64).ravel() != want.astype(np.int64).ravel())
+        assert bad.size == 0, (
+            f"{where}: after transfer_bookkeeping_to_gpu, gpu_view.{name} differs from what was written "
+            f"to ctx.{cpu_of[name]} at {bad.size} of {want.size} positions (first {bad[:3].tolist()}: got "
+            f"{got.ravel()[bad[:3]].tolist()}, want {want.ravel()[bad[:3]].tolist()})")

@@ -1,18 +1,30 @@
 """Hidden probes for megatron-0010 (per-KV-block MoE routing storage for routing replay).
 
-The judge never imports megatron or torch. It draws the routing arrays itself (seeded numpy) and
-hands them to children that build DynamicInferenceContext objects on a CUDA device (no process
-group: tensor and pipeline parallel size 1), step them through add_request /
-initialize_attention_state / update_requests, store the arrays with the allocator and send back
-what it rebuilds, together with the active-token layout (request id and position of each active
-token, read from the context's own token_to_request_idx / request_ids / token_to_pos_ids). The
-judge checks that layout against the requests it asked for, then rebuilds every request's routing
-from its own arrays (the row stored for token (request, position), in position order) and compares
-exactly; the allocator contract cases compare with arrays the judge wrote itself."""
+The judge never imports megatron or torch. Every probe draws its scenario fresh: the block size,
+the routing arrays' layer and top-k dimensions and dtype, the routing values, request ids, prompt
+lengths and tokens, how many decode steps run, how much of a prompt is a cached prefix, which
+positions and blocks the allocator calls touch. Children build DynamicInferenceContext objects
+on the CUDA device (no process group: tensor and pipeline parallel size 1), step them through
+add_request / initialize_attention_state / update_requests, store the judge's arrays with the
+allocator and send back what it holds and rebuilds, together with the active-token layout
+(request id and position of each active token, read from the context's own token_to_request_idx /
+request_ids / token_to_pos_ids) and the block ids involved.
+
+Every scenario also runs over the gold tree (`reference`, same inputs): the submission's layouts
+and block ids must be the reference's (the context's bookkeeping is not what the task changes),
+and the judge builds every expected routing array itself from the reference's layout and its own
+arrays (the row stored for token (request, position) sits at position `position % block size` of
+that token's block) and compares exactly. The allocator and request contracts compare with
+arrays the judge wrote itself.
+"""
 
 import numpy as np
 
-from infradev_probe import run
+from infradev_probe import fresh, reference, run, same
+
+# The reference children run as a user the image's passwd does not name; torch (imported through
+# megatron) asks getpass for a user name when it sets up its compile cache, so name one.
+ENV = {"USER": "infradev-probe"}
 
 PRELUDE = """
 import json
@@ -74,40 +86,67 @@ def blocks_of(ctx, rid):
     row = ids.index(rid)
     blocks = ctx.request_to_kv_block_ids[row]
     return blocks[blocks >= 0].tolist()
+
+
+def arr(x):
+    # a snapshot: the allocator may keep writing into the array it returned
+    return None if x is None else np.array(x, copy=True)
 """
 
-BS = 32
-L, K = 3, 2
+DTYPES = ("int16", "int32")
 
 
-def draw(seed, rows):
-    rng = np.random.default_rng(seed)
-    return rng.integers(-30000, 30000, size=(rows, L, K)).astype(np.int16)
+def draw_routing(rng, rows, L, K, dtype):
+    info = np.iinfo(dtype)
+    return rng.integers(max(info.min, -30000), min(info.max, 30000), size=(rows, L, K)).astype(dtype)
 
 
-def rebuild(steps, rid, count):
-    """The judge's own reconstruction: for positions 0..count-1 of request rid, the row the
-    driver stored for that (request, position) in whichever step computed it."""
+def token_table(steps):
+    """{(request, position): stored row} from (layout, array) pairs, later steps winning."""
     table = {}
-    for lay, arr in steps:
+    for lay, flat in steps:
+        assert len(lay) == len(flat), "probe setup: a step's layout and routing differ in length"
         for i, (r, p) in enumerate(lay):
-            table[(r, p)] = arr[i]
+            table[(int(r), int(p))] = flat[i]
+    return table
+
+
+def rebuild(table, rid, count):
+    """The judge's reconstruction of request rid's first `count` positions."""
     missing = [p for p in range(count) if (rid, p) not in table]
-    assert not missing, f"request {rid}: no step computed positions {missing[:8]}"
+    assert not missing, f"probe setup: request {rid}: no step computed positions {missing[:8]}"
     return np.stack([table[(rid, p)] for p in range(count)])
 
 
-PROMPTS = {11: 40, 12: 64, 13: 5}
+def block_array(table, rid, block, bs, L, K, dtype):
+    """What block number `block` of request rid holds after its tokens were stored: rows at the
+    positions computed, zeros elsewhere; None when none of its positions was computed."""
+    out = np.zeros((bs, L, K), dtype=dtype)
+    hit = False
+    for p in range(block * bs, (block + 1) * bs):
+        if (rid, p) in table:
+            out[p - block * bs] = table[(rid, p)]
+            hit = True
+    return out if hit else None
 
 
-def test_scatter_and_reconstruct_across_steps():
-    total = sum(PROMPTS.values())
-    flats = [draw(1, total), draw(2, len(PROMPTS)), draw(3, len(PROMPTS))]
-    out = run(PRELUDE + """
+def _equal(got, want, what):
+    if want is None:
+        assert got is None, f"{what}: want None, got {type(got).__name__}"
+        return
+    assert got is not None, f"{what}: got None, want an array of shape {want.shape}"
+    assert isinstance(got, np.ndarray), f"{what}: got {type(got).__name__}, want an array"
+    assert got.shape == want.shape and got.dtype == want.dtype, \
+        f"{what}: got {got.dtype}{list(got.shape)}, want {want.dtype}{list(want.shape)}"
+    bad = np.nonzero((got != want).reshape(len(want), -1).any(axis=1))[0] if want.ndim else []
+    assert len(bad) == 0, f"{what}: rows {bad[:10].tolist()} differ"
+
+
+_SCATTER = PRELUDE + """
 ctx = make_context(ARGS["bs"], prefix_caching=False)
 alloc = ctx.kv_block_allocator
-for rid, n in ARGS["prompts"].items():
-    ctx.add_request(make_request(ctx, int(rid), list(range(100, 100 + n)), False))
+for rid, tokens in ARGS["prompts"]:
+    ctx.add_request(make_request(ctx, rid, tokens, False))
 layouts = []
 for step, flat in enumerate(ARGS["flats"]):
     ctx.initialize_attention_state()
@@ -116,159 +155,260 @@ for step, flat in enumerate(ARGS["flats"]):
     count = ctx.total_request_count - ctx.paused_request_count
     ctx.update_requests(
         active_requests_mask=torch.ones(count, dtype=torch.int32, device=DEV),
-        new_tokens=torch.full((count,), 7 + step, dtype=torch.int64, device=DEV),
+        new_tokens=torch.tensor(ARGS["new_tokens"][step][:count], dtype=torch.int64, device=DEV),
     )
-rebuilt, blocks = {}, {}
-for rid, n in ARGS["prompts"].items():
-    blocks[rid] = blocks_of(ctx, int(rid))
-    rebuilt[rid] = alloc.reconstruct_routing_from_blocks(blocks[rid], n + 2)
-    rebuilt[rid] = None if rebuilt[rid] is None else np.asarray(rebuilt[rid])
-emit(layouts=layouts, rebuilt=rebuilt, blocks=blocks, bs=ctx.block_size_tokens)
-""", args={"bs": BS, "prompts": {str(k): v for k, v in PROMPTS.items()}, "flats": flats})
-    assert out["bs"] == BS, "probe setup"
-    lays = out["layouts"]
-    # The layout is the context's, not the code under test's: check it is what the steps mean.
-    want0 = sorted((rid, p) for rid, n in PROMPTS.items() for p in range(n))
-    assert sorted(map(tuple, lays[0])) == want0, "prefill step: unexpected active-token layout"
-    for s in (1, 2):
-        assert sorted(map(tuple, lays[s])) == sorted((rid, n + s - 1) for rid, n in PROMPTS.items()), \
-            f"decode step {s}: unexpected active-token layout {lays[s]}"
-    steps = list(zip(lays, flats))
-    for rid, n in PROMPTS.items():
-        got = out["rebuilt"][str(rid)]
-        assert got is not None, \
-            f"request {rid} ({n}-token prompt, 2 decode steps, blocks {out['blocks'][str(rid)]}): " \
-            f"reconstruct_routing_from_blocks returned None after store_routing_per_block stored every step"
-        want = rebuild(steps, rid, n + 2)
-        assert got.dtype == np.int16, f"request {rid}: rebuilt routing has dtype {got.dtype}, stored int16"
-        assert got.shape == want.shape, f"request {rid}: rebuilt shape {got.shape}, want {want.shape}"
-        bad = np.nonzero((got != want).any(axis=(1, 2)))[0]
-        assert bad.size == 0, \
-            f"request {rid} ({n}-token prompt): rebuilt routing differs from what was stored for token " \
-            f"positions {bad[:10].tolist()} (block size {BS}; positions >= {n} came from decode steps)"
+rebuilt, blocks, stored = [], [], []
+for (rid, tokens), want_rows in zip(ARGS["prompts"], ARGS["rows"]):
+    b = blocks_of(ctx, rid)
+    blocks.append(b)
+    # the blocks that hold its routed tokens (update_requests may already have given it the next one)
+    used = b[: -(-want_rows // ctx.block_size_tokens)]
+    rebuilt.append(arr(alloc.reconstruct_routing_from_blocks(used, want_rows)))
+    stored.append([arr(alloc.get_block_routing(x)) for x in b])
+emit(layouts=layouts, rebuilt=rebuilt, blocks=blocks, stored=stored, bs=int(ctx.block_size_tokens))
+"""
 
 
-def test_prefix_blocks_keep_routing_and_reused_blocks_start_clean():
-    first = list(range(2 * BS + 9))          # two full blocks and 9 tokens of a third
-    second = first[: 2 * BS] + [900, 901, 902]  # same two full blocks, 3 new tokens
-    flat_a, flat_b = draw(11, len(first)), draw(12, 3)
-    out = run(PRELUDE + """
+def test_scatter_and_reconstruct_across_steps():
+    rng = fresh()
+    bs = int(rng.choice([16, 32, 64]))
+    L, K = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+    dtype = str(rng.choice(DTYPES))
+    n_req = int(rng.integers(2, 6))
+    rids = [int(x) for x in rng.choice(10**6, size=n_req, replace=False) + 1]
+    # Prompt lengths: inside one block, across blocks, and (often) one ending on a block boundary;
+    # at least one that does not, so decode tokens land mid-block.
+    lengths = [int(rng.integers(2, 3 * bs + 1)) for _ in range(n_req)]
+    if rng.random() < 0.7:
+        lengths[int(rng.integers(n_req))] = bs * int(rng.integers(1, 4))
+    if all(n % bs == 0 for n in lengths):
+        lengths[0] += int(rng.integers(1, bs))
+    prompts = [[rid, [int(t) for t in rng.integers(100, 30000, size=n)]] for rid, n in zip(rids, lengths)]
+    decode_steps = int(rng.integers(1, 5))
+    flats = [draw_routing(rng, sum(lengths), L, K, dtype)] + \
+            [draw_routing(rng, n_req, L, K, dtype) for _ in range(decode_steps)]
+    new_tokens = [[int(t) for t in rng.integers(100, 30000, size=n_req)] for _ in flats]
+    rows = [n + decode_steps for n in lengths]
+    args = {"bs": bs, "prompts": prompts, "flats": flats, "new_tokens": new_tokens, "rows": rows}
+    want = reference(_SCATTER, args, env=ENV)
+    got = run(_SCATTER, args, env=ENV)
+    assert want["bs"] == bs, "probe setup"
+    lays = want["layouts"]
+    assert sorted(map(tuple, lays[0])) == sorted((rid, p) for rid, n in zip(rids, lengths) for p in range(n)), \
+        "probe setup: the reference's prefill layout"
+    for s in range(1, decode_steps + 1):
+        assert sorted(map(tuple, lays[s])) == sorted((rid, n + s - 1) for rid, n in zip(rids, lengths)), \
+            f"probe setup: the reference's decode step {s} layout"
+    same(got["layouts"], want["layouts"], path="active-token layouts")
+    same(got["blocks"], want["blocks"], path="requests' block ids")
+    table = token_table(zip(lays, flats))
+    for i, (rid, n) in enumerate(zip(rids, lengths)):
+        what = (f"request {rid} ({n}-token prompt, {decode_steps} decode steps, block size {bs}, "
+                f"blocks {want['blocks'][i]})")
+        for b, blk in enumerate(want["blocks"][i]):
+            _equal(got["stored"][i][b], block_array(table, rid, b, bs, L, K, dtype),
+                   f"{what}: get_block_routing({blk}) after every step's store_routing_per_block")
+        _equal(got["rebuilt"][i], rebuild(table, rid, rows[i]),
+               f"{what}: reconstruct_routing_from_blocks(its first {-(-rows[i] // bs)} blocks, {rows[i]})")
+
+
+_PREFIX = PRELUDE + """
 ctx = make_context(ARGS["bs"], prefix_caching=True, lru=True)
 alloc = ctx.kv_block_allocator
-ctx.add_request(make_request(ctx, 1, ARGS["first"], True))
+ctx.add_request(make_request(ctx, ARGS["rid_a"], ARGS["first"], True))
 ctx.initialize_attention_state()
 lay_a = layout(ctx)
 alloc.store_routing_per_block(np.asarray(ARGS["flat_a"]))
-blocks_a = blocks_of(ctx, 1)
+blocks_a = blocks_of(ctx, ARGS["rid_a"])
 ctx.update_requests(
     active_requests_mask=torch.zeros(1, dtype=torch.int32, device=DEV),
-    new_tokens=torch.tensor([5], dtype=torch.int64, device=DEV),
+    new_tokens=torch.tensor([ARGS["last_a"]], dtype=torch.int64, device=DEV),
 )
-after_release = [alloc.get_block_routing(b) is not None for b in blocks_a]
-ctx.add_request(make_request(ctx, 2, ARGS["second"], True))
-blocks_b = blocks_of(ctx, 2)
-fresh = alloc.get_block_routing(blocks_b[-1])
+after_release = [arr(alloc.get_block_routing(b)) for b in blocks_a]
+ctx.add_request(make_request(ctx, ARGS["rid_b"], ARGS["second"], True))
+blocks_b = blocks_of(ctx, ARGS["rid_b"])
+given = [arr(alloc.get_block_routing(b)) for b in blocks_b[ARGS["shared"]:]]
 ctx.initialize_attention_state()
 lay_b = layout(ctx)
 alloc.store_routing_per_block(np.asarray(ARGS["flat_b"]))
-rebuilt = alloc.reconstruct_routing_from_blocks(blocks_b, len(ARGS["second"]))
+rebuilt = arr(alloc.reconstruct_routing_from_blocks(blocks_b, len(ARGS["second"])))
+final = [arr(alloc.get_block_routing(b)) for b in blocks_a + blocks_b]
+held = len(alloc.block_routing)
 alloc.reset()
 emit(lay_a=lay_a, lay_b=lay_b, blocks_a=blocks_a, blocks_b=blocks_b, after_release=after_release,
-     fresh_is_none=fresh is None, rebuilt=None if rebuilt is None else np.asarray(rebuilt),
-     after_reset=[alloc.get_block_routing(b) is None for b in blocks_a + blocks_b],
+     given=given, rebuilt=rebuilt, final=final, held=held,
+     after_reset=[arr(alloc.get_block_routing(b)) for b in blocks_a + blocks_b],
      left=len(alloc.block_routing))
-""", args={"bs": BS, "first": first, "second": second, "flat_a": flat_a, "flat_b": flat_b})
-    assert sorted(map(tuple, out["lay_a"])) == [(1, p) for p in range(len(first))], "first request's prefill layout"
-    assert sorted(map(tuple, out["lay_b"])) == [(2, p) for p in range(2 * BS, 2 * BS + 3)], \
-        f"second request: want only its 3 unmatched tokens active, got {out['lay_b']}"
-    assert out["blocks_b"][:2] == out["blocks_a"][:2], "second request did not reuse the cached prefix blocks"
-    assert all(out["after_release"]), \
-        f"blocks {out['blocks_a']} after the first request finished: stored routing present {out['after_release']}; " \
-        f"releasing blocks (to the prefix cache or the free pool) must keep their routing"
-    assert out["fresh_is_none"], \
-        f"block {out['blocks_b'][-1]} was just handed to the second request (the first request's partial block " \
-        f"was {out['blocks_a'][-1]}), yet get_block_routing returned the previous owner's routing"
-    got = out["rebuilt"]
-    assert got is not None, "the second request's routing could not be rebuilt from its blocks"
-    want = np.concatenate([flat_a[: 2 * BS], flat_b])
-    assert got.shape == want.shape and got.dtype == np.int16, f"rebuilt {got.shape} {got.dtype}, want {want.shape} int16"
-    bad = np.nonzero((got != want).any(axis=(1, 2)))[0]
-    assert bad.size == 0, \
-        f"second request's rebuilt routing differs at positions {bad[:10].tolist()}: positions < {2 * BS} must " \
-        f"be the first request's (matched prefix blocks), the rest its own"
-    assert all(out["after_reset"]) and out["left"] == 0, "reset() must drop all stored routing"
+"""
+
+
+def test_prefix_blocks_keep_routing_and_reused_blocks_start_clean():
+    rng = fresh()
+    bs = int(rng.choice([16, 32, 64]))
+    L, K = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+    dtype = str(rng.choice(DTYPES))
+    full = int(rng.integers(1, 4))          # full blocks of the first prompt
+    tail = int(rng.integers(1, bs))         # tokens of its partial last block
+    shared = int(rng.integers(1, full + 1))  # full blocks the second prompt shares with it
+    extra = int(rng.integers(2, 2 * bs + 1))  # the second prompt's own tokens (two at least: with one,
+    # the context recomputes the last shared block so the step never has a single-token prefill)
+    first = [int(t) for t in rng.integers(100, 20000, size=full * bs + tail)]
+    second = first[: shared * bs] + [int(t) for t in rng.integers(20000, 30000, size=extra)]
+    rid_a, rid_b = (int(x) + 1 for x in rng.choice(10**6, size=2, replace=False))
+    flat_a, flat_b = draw_routing(rng, len(first), L, K, dtype), draw_routing(rng, extra, L, K, dtype)
+    args = {"bs": bs, "first": first, "second": second, "flat_a": flat_a, "flat_b": flat_b,
+            "rid_a": rid_a, "rid_b": rid_b, "shared": shared, "last_a": int(rng.integers(100, 30000))}
+    want = reference(_PREFIX, args, env=ENV)
+    got = run(_PREFIX, args, env=ENV)
+    assert sorted(map(tuple, want["lay_a"])) == [(rid_a, p) for p in range(len(first))], "probe setup: first layout"
+    assert sorted(map(tuple, want["lay_b"])) == [(rid_b, p) for p in range(shared * bs, len(second))], \
+        "probe setup: the reference's second layout is not the unmatched tokens"
+    assert want["blocks_b"][:shared] == want["blocks_a"][:shared], "probe setup: no prefix reuse in the reference"
+    same(got["lay_a"], want["lay_a"], path="first request's layout")
+    same(got["lay_b"], want["lay_b"], path="second request's layout (only its unmatched tokens)")
+    same(got["blocks_a"], want["blocks_a"], path="first request's blocks")
+    same(got["blocks_b"], want["blocks_b"], path="second request's blocks (the shared prefix blocks reused)")
+    table_a = token_table([(want["lay_a"], flat_a)])
+    where = (f"block size {bs}, first prompt {len(first)} tokens ({full} full blocks), second prompt sharing "
+             f"{shared} blocks plus {extra} tokens")
+    for b, blk in enumerate(want["blocks_a"]):
+        kind = "its partial last block, back in the free pool" if b == full else "a cached full block"
+        _equal(got["after_release"][b], block_array(table_a, rid_a, b, bs, L, K, dtype),
+               f"{where}: after the first request finished, block {blk} ({kind}) must keep its routing")
+    new_blocks = want["blocks_b"][shared:]
+    assert len(got["given"]) == len(new_blocks), "the second request's newly given blocks"
+    for blk, g in zip(new_blocks, got["given"]):
+        stale = " (the first request's partial block, re-allocated)" if blk == want["blocks_a"][-1] else ""
+        assert g is None, \
+            f"{where}: block {blk}{stale} was just handed to the second request yet holds routing"
+    table_b = token_table([(want["lay_b"], flat_b)])
+    expect = np.stack([table_a[(rid_a, p)] for p in range(shared * bs)]
+                      + [table_b[(rid_b, p)] for p in range(shared * bs, len(second))])
+    _equal(got["rebuilt"], expect,
+           f"{where}: the second request's rebuilt routing (the first request's rows for the matched "
+           f"prefix, its own for the rest)")
+    # Final contents: the first request's blocks (the second's are its shared ones and new ones).
+    final_want = []
+    owner = {}
+    for b, blk in enumerate(want["blocks_a"]):
+        owner[blk] = block_array(table_a, rid_a, b, bs, L, K, dtype)
+    for b, blk in enumerate(want["blocks_b"]):
+        if b >= shared:
+            owner[blk] = block_array(table_b, rid_b, b, bs, L, K, dtype)
+    for blk in want["blocks_a"] + want["blocks_b"]:
+        final_want.append(owner[blk])
+    for blk, g, w in zip(want["blocks_a"] + want["blocks_b"], got["final"], final_want):
+        _equal(g, w, f"{where}: block {blk}'s routing once both requests were stored")
+    assert got["held"] == len(owner), \
+        f"{where}: the allocator holds routing for {got['held']} blocks, want {len(owner)}"
+    assert all(x is None for x in got["after_reset"]) and got["left"] == 0, "reset() must drop all stored routing"
+
+
+_CONTRACT = PRELUDE + """
+ctx = make_context(ARGS["bs"], prefix_caching=False)
+alloc = ctx.kv_block_allocator
+if ARGS["skip"]:
+    alloc.allocate_memory_blocks(ARGS["skip"])
+ids = alloc.allocate_memory_blocks(ARGS["nblocks"]).tolist()
+x = ids[ARGS["target"]]
+for pos, rout in zip(ARGS["positions"], ARGS["partial"]):
+    alloc.store_block_routing(x, np.asarray(pos), np.asarray(rout))
+partial = arr(alloc.get_block_routing(x))
+others = [arr(alloc.get_block_routing(b)) for b in ids if b != x]
+alloc.store_routing_per_block(None)
+after_none = {str(k): arr(v) for k, v in alloc.block_routing.items()}
+for bid, a in zip(ids, ARGS["full"]):
+    alloc.store_block_routing(bid, np.arange(ARGS["bs"]), np.asarray(a))
+recs = [arr(alloc.reconstruct_routing_from_blocks([ids[i] for i in order], n)) for order, n in ARGS["recs"]]
+alloc.block_routing.pop(ids[ARGS["hole"]])
+hole = arr(alloc.reconstruct_routing_from_blocks(ids, ARGS["hole_rows"]))
+# release one block and take it back: its routing survives the release, not the re-allocation
+r = ids[ARGS["released"]]
+alloc.release_memory_blocks(torch.tensor([r], dtype=torch.int32, device=DEV))
+kept = arr(alloc.get_block_routing(r))
+again = alloc.allocate_memory_blocks(1).tolist()
+emit(ids=ids, partial=partial, others=others, after_none=after_none, recs=recs, hole=hole, kept=kept,
+     again=again, again_routing=arr(alloc.get_block_routing(again[0])),
+     rest=[arr(alloc.get_block_routing(b)) for b in ids if b not in (r, ids[ARGS["hole"]])])
+"""
 
 
 def test_allocator_storage_contract():
-    a = np.arange(3 * L * K, dtype=np.int32).reshape(3, L, K) + 1000
-    b = -np.arange(2 * L * K, dtype=np.int32).reshape(2, L, K) - 1
-    full = [draw(21 + i, BS).astype(np.int32) for i in range(3)]
-    out = run(PRELUDE + """
-ctx = make_context(ARGS["bs"], prefix_caching=False)
-alloc = ctx.kv_block_allocator
-ids = alloc.allocate_memory_blocks(3).tolist()
-x = ids[0]
-alloc.store_block_routing(x, np.array([0, 5, 7]), np.asarray(ARGS["a"]))
-alloc.store_block_routing(x, np.array([9, 31]), np.asarray(ARGS["b"]))
-partial = np.asarray(alloc.get_block_routing(x))
-unknown = alloc.get_block_routing(ids[1])
-alloc.store_routing_per_block(None)
-after_none = sorted(int(k) for k in alloc.block_routing)
-for bid, arr in zip(ids, ARGS["full"]):
-    alloc.store_block_routing(bid, np.arange(ARGS["bs"]), np.asarray(arr))
-def rec(blocks, n):
-    r = alloc.reconstruct_routing_from_blocks(blocks, n)
-    return None if r is None else np.asarray(r)
-trimmed = rec(ids, 2 * ARGS["bs"] + 11)
-exact = rec(ids[:2], 2 * ARGS["bs"])
-short = rec(ids[:2], 2 * ARGS["bs"] + 1)
-alloc.block_routing.pop(ids[1])
-hole = rec(ids, 2 * ARGS["bs"] + 11)
-# release one block and take it back: its routing survives the release, not the re-allocation
-alloc.release_memory_blocks(torch.tensor([ids[2]], dtype=torch.int32, device=DEV))
-kept = alloc.get_block_routing(ids[2]) is not None
-again = alloc.allocate_memory_blocks(1).tolist()
-emit(ids=ids, partial=partial, unknown_is_none=unknown is None, after_none=after_none, trimmed=trimmed,
-     exact=exact, short=short, hole=hole, kept=kept, again=again,
-     again_is_none=alloc.get_block_routing(again[0]) is None)
-""", args={"bs": BS, "a": a, "b": b, "full": full})
-    ids = out["ids"]
-    part = out["partial"]
-    want = np.zeros((BS, L, K), dtype=np.int32)
-    want[[0, 5, 7]] = a
-    want[[9, 31]] = b
-    assert part.shape == (BS, L, K) and part.dtype == np.int32, \
-        f"store_block_routing: block array {part.shape} {part.dtype}, want {(BS, L, K)} int32 (the routing's dtype)"
-    assert np.array_equal(part, want), \
-        "store_block_routing: two stores at positions [0,5,7] then [9,31] must leave both sets of rows and zeros elsewhere"
-    assert out["unknown_is_none"], "get_block_routing of a block with no stored routing must be None"
-    assert out["after_none"] == [ids[0]], f"store_routing_per_block(None) changed the storage: {out['after_none']}"
-    assert out["trimmed"] is not None and out["trimmed"].shape == (2 * BS + 11, L, K), \
-        f"reconstruct over 3 blocks for {2 * BS + 11} tokens: got {None if out['trimmed'] is None else out['trimmed'].shape}"
-    assert np.array_equal(out["trimmed"], np.concatenate([full[0], full[1], full[2][:11]])), \
-        "reconstruct must concatenate whole blocks in order and trim the last one"
-    assert out["exact"] is not None and np.array_equal(out["exact"], np.concatenate(full[:2])), \
-        "reconstruct of two full blocks for exactly 2*block_size tokens"
-    assert out["short"] is None, \
-        f"two blocks cannot supply {2 * BS + 1} rows: want None, got shape {out['short'].shape}"
-    assert out["hole"] is None, "a block without routing in the middle of the list must make the result None"
-    assert out["kept"], "release_memory_blocks dropped the block's routing; it must survive until re-allocation"
-    assert out["again"] == [ids[2]], f"probe setup: expected the released block {ids[2]} back, got {out['again']}"
-    assert out["again_is_none"], "allocate_memory_blocks handed out a block still holding its previous owner's routing"
+    rng = fresh()
+    bs = int(rng.choice([16, 32, 64]))
+    L, K = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+    dtype = str(rng.choice(["int16", "int32", "int64"]))
+    nblocks = int(rng.integers(3, 6))
+    target = int(rng.integers(nblocks))
+    # Stores at scattered positions of one block; a later store may overwrite earlier rows.
+    positions, partial, block = [], [], np.zeros((bs, L, K), dtype=dtype)
+    for _ in range(int(rng.integers(2, 4))):
+        pos = np.sort(rng.choice(bs, size=int(rng.integers(1, bs // 2)), replace=False)).astype(np.int64)
+        rout = draw_routing(rng, len(pos), L, K, dtype)
+        positions.append(pos)
+        partial.append(rout)
+        block[pos] = rout
+    full = [draw_routing(rng, bs, L, K, dtype) for _ in range(nblocks)]
+    recs, expect = [], []
+    kinds = [0, 1, 2] + [int(k) for k in rng.integers(3, size=int(rng.integers(0, 3)))]
+    for kind in rng.permutation(kinds):
+        order = [int(i) for i in rng.permutation(nblocks)[: int(rng.integers(1, nblocks + 1))]]
+        if kind == 0:    # trimmed inside the last block taken
+            n = int(rng.integers(max(1, (len(order) - 1) * bs + 1), len(order) * bs + 1))
+        elif kind == 1:  # exactly whole blocks
+            n = int(rng.integers(1, len(order) + 1)) * bs
+        else:            # more rows than the blocks hold
+            n = len(order) * bs + int(rng.integers(1, bs + 1))
+        recs.append([order, n])
+        if n > len(order) * bs:
+            expect.append(None)
+        else:
+            expect.append(np.concatenate([full[i] for i in order])[:n])
+    hole = int(rng.integers(nblocks - 1))
+    hole_rows = int(rng.integers(hole * bs + 1, nblocks * bs + 1))
+    released = int(rng.choice([i for i in range(nblocks) if i != hole]))
+    args = {"bs": bs, "skip": int(rng.integers(0, 4)), "nblocks": nblocks, "target": target,
+            "positions": positions, "partial": partial, "full": full, "recs": recs, "hole": hole,
+            "hole_rows": hole_rows, "released": released}
+    got = run(_CONTRACT, args, env=ENV)
+    want_ids = reference(_CONTRACT, args, env=ENV)["ids"]
+    same(got["ids"], want_ids, path="allocated block ids")
+    ids = want_ids
+    _equal(got["partial"], block,
+           f"store_block_routing: {len(positions)} stores at scattered positions of a {bs}-token block ({dtype})"
+           f" must leave the last value at each stored position and zeros elsewhere, in the routing's dtype")
+    assert all(o is None for o in got["others"]), "get_block_routing of a block with no stored routing must be None"
+    assert sorted(got["after_none"]) == [str(ids[target])], \
+        f"store_routing_per_block(None) changed which blocks hold routing: {sorted(got['after_none'])}"
+    _equal(got["after_none"][str(ids[target])], block, "store_routing_per_block(None) changed the stored routing")
+    for (order, n), g, w in zip(recs, got["recs"], expect):
+        what = f"reconstruct_routing_from_blocks(blocks {[ids[i] for i in order]}, {n}) (block size {bs})"
+        if w is None:
+            assert g is None, f"{what}: the blocks hold {len(order) * bs} rows; want None, got an array"
+        else:
+            _equal(g, w, f"{what}: whole blocks in order, the last one cut")
+    assert got["hole"] is None, \
+        f"reconstruct over blocks {ids} for {hole_rows} rows, block {ids[hole]} without routing: want None"
+    _equal(got["kept"], full[released], f"release_memory_blocks([{ids[released]}]) must keep the block's routing")
+    assert got["again"] == [ids[released]], \
+        f"probe setup: expected the released block {ids[released]} back, got {got['again']}"
+    assert got["again_routing"] is None, \
+        f"allocate_memory_blocks handed out block {ids[released]} still holding its previous owner's routing"
+    rest = [i for i in range(nblocks) if i not in (released, hole)]
+    assert len(got["rest"]) == len(rest), "blocks left untouched"
+    for i, g in zip(rest, got["rest"]):
+        _equal(g, full[i], f"block {ids[i]}, neither released nor emptied, lost its routing")
 
 
-def test_request_serialization_and_merge():
-    r1 = draw(31, 8)
-    parts = [draw(32, 5), draw(33, 4)]
-    out = run(PRELUDE + """
+_REQUESTS = PRELUDE + """
 req = DynamicInferenceRequest(
-    request_id=5, prompt_tokens=torch.arange(6, device=DEV),
-    sampling_params=SamplingParams(num_tokens_to_generate=4),
+    request_id=ARGS["rid"], prompt_tokens=torch.tensor(ARGS["prompt"], dtype=torch.int64, device=DEV),
+    sampling_params=SamplingParams(num_tokens_to_generate=ARGS["gen"] + 2),
 )
-req.generated_tokens = [1, 2, 3]
-req.routing_indices = np.asarray(ARGS["r1"])
+req.generated_tokens = list(ARGS["generated"])
+req.routing_indices = np.asarray(ARGS["routing"])
 obj = req.serialize()
-# what a transport does: tuples become lists, everything must be plain JSON data
+# what a transport does: tuples become lists; the routing must be plain JSON data
 wire = {k: (json.loads(json.dumps(v)) if isinstance(v, tuple) else v) for k, v in obj.items()}
 json.dumps(wire["routing_indices"])
 back = DynamicInferenceRequest.deserialize(wire)
@@ -277,50 +417,83 @@ restored = dict(type=type(ri).__name__, dtype=str(getattr(ri, "dtype", "")),
                 value=np.asarray(ri) if isinstance(ri, np.ndarray) else None)
 
 def req_with(routing):
-    r = DynamicInferenceRequest(request_id=9, prompt_tokens=torch.arange(4, device=DEV),
+    r = DynamicInferenceRequest(request_id=ARGS["rid"], prompt_tokens=torch.arange(4, device=DEV),
                                 sampling_params=SamplingParams(num_tokens_to_generate=4))
     r.routing_indices = None if routing is None else np.asarray(routing)
     return r
 
-rec = DynamicInferenceRequestRecord()
-rec.requests = [req_with(ARGS["parts"][0]), req_with(None), req_with(ARGS["parts"][1])]
-merged = rec.merge().routing_indices
-lead = DynamicInferenceRequestRecord()
-lead.requests = [req_with(None), req_with(ARGS["parts"][1])]
-merged_lead = lead.merge().routing_indices
-empty = DynamicInferenceRequestRecord()
-empty.requests = [req_with(None), req_with(None)]
-emit(restored=restored, merged=None if merged is None else np.asarray(merged),
-     merged_type=type(merged).__name__,
-     merged_lead=None if merged_lead is None else np.asarray(merged_lead),
-     empty_is_none=empty.merge().routing_indices is None)
-""", args={"r1": r1, "parts": parts})
+merged = []
+for parts in ARGS["records"]:
+    rec = DynamicInferenceRequestRecord()
+    rec.requests = [req_with(p) for p in parts]
+    m = rec.merge().routing_indices
+    merged.append(dict(type=type(m).__name__, value=arr(m) if isinstance(m, np.ndarray) else None))
+emit(restored=restored, wire=obj["routing_indices"], merged=merged,
+     prompt=[int(x) for x in back.prompt_tokens.tolist()])
+"""
+
+
+def _plain(v):
+    if isinstance(v, dict):
+        return all(isinstance(k, str) and _plain(x) for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return all(_plain(x) for x in v)
+    return v is None or isinstance(v, (bool, int, float, str))
+
+
+def test_request_serialization_and_merge():
+    rng = fresh()
+    L, K = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+    dtype = str(rng.choice(DTYPES))
+    p, g = int(rng.integers(1, 20)), int(rng.integers(1, 8))
+    routing = draw_routing(rng, p + g - 1, L, K, dtype)
+    records, expect = [], []
+    for i in range(int(rng.integers(2, 5))):
+        n = int(rng.integers(1, 5))
+        has = rng.random(n) < 0.6
+        if i == 0:
+            has[:] = False            # a record none of whose requests has routing
+        elif i == 1:
+            has[0] = False            # the first request has none, a later one has
+            has[-1] = True if n > 1 else has[-1]
+        parts = [draw_routing(rng, int(rng.integers(1, 9)), L, K, dtype) if h else None for h in has]
+        records.append(parts)
+        present = [x for x in parts if x is not None]
+        expect.append(np.concatenate(present) if present else None)
+    order = rng.permutation(len(records))
+    records, expect = [records[i] for i in order], [expect[i] for i in order]
+    args = {"rid": int(rng.integers(1, 10**6)), "prompt": [int(t) for t in rng.integers(0, 30000, size=p)],
+            "gen": g, "generated": [int(t) for t in rng.integers(0, 30000, size=g)], "routing": routing,
+            "records": records}
+    out = run(_REQUESTS, args, env=ENV)
+    assert _plain(out["wire"]), \
+        "serialize(): routing_indices must become plain JSON data (lists, dicts, strings, numbers), not an array"
     got = out["restored"]
     assert got["type"] == "ndarray", f"deserialized routing_indices is a {got['type']}, want a numpy array"
-    assert got["dtype"] == "int16", f"deserialized routing_indices has dtype {got['dtype']}, want int16"
-    assert np.array_equal(got["value"], r1), "routing_indices changed through serialize / deserialize"
-    assert out["merged_type"] == "ndarray", f"merge() gave routing_indices of type {out['merged_type']}"
-    assert np.array_equal(out["merged"], np.concatenate(parts)), \
-        "merge() must concatenate the routing of the requests that have one, in order, skipping the others"
-    assert out["merged_lead"] is not None and np.array_equal(out["merged_lead"], parts[1]), \
-        "merge() with a first request without routing must still keep the later request's routing"
-    assert out["empty_is_none"], "merge() of requests without routing must give None"
+    assert got["dtype"] == dtype, f"deserialized routing_indices has dtype {got['dtype']}, want {dtype}"
+    _equal(got["value"], routing, "routing_indices through serialize / JSON / deserialize")
+    assert out["prompt"] == args["prompt"], "prompt_tokens (a tensor field) through serialize / deserialize"
+    for parts, m, w in zip(records, out["merged"], expect):
+        pattern = ["array" if x is not None else "None" for x in parts]
+        if w is None:
+            assert m["type"] == "NoneType", f"merge() of requests with routing {pattern}: want None, got {m['type']}"
+        else:
+            assert m["type"] == "ndarray", f"merge() of requests with routing {pattern}: got {m['type']}"
+            _equal(m["value"], w, f"merge() of requests with routing {pattern}: the present arrays concatenated in order")
 
 
-def test_controller_returns_flat_host_routing():
-    recorded = np.random.default_rng(41).integers(0, 60, size=(8, L, K)).astype(np.int64)
-    out = run(PRELUDE + """
+_CONTROLLER = PRELUDE + """
 from megatron.core.inference.text_generation_controllers.text_generation_controller import (
     TextGenerationController,
 )
 
-def bookkeeping(replay, experts, active, metadata=True, recorded=True):
+def bookkeeping(replay, experts, active, metadata, recorded):
     ctrl = TextGenerationController.__new__(TextGenerationController)
     cfg = SimpleNamespace(moe_enable_routing_replay=replay, num_moe_experts=experts, sequence_parallel=False)
     data = torch.tensor(np.asarray(ARGS["recorded"]), device=DEV) if recorded else None
     meta = SimpleNamespace(get_routing_indices=lambda: data) if metadata else None
     ctx = SimpleNamespace(moe_routing_metadata=meta, active_token_count=active,
-                          padded_active_token_count=8)
+                          padded_active_token_count=ARGS["padded"])
     ctrl.inference_wrapped_model = SimpleNamespace(model=SimpleNamespace(config=cfg),
                                                    inference_context=ctx, tp_group=None)
     r = ctrl._router_record_bookkeeping()
@@ -328,16 +501,36 @@ def bookkeeping(replay, experts, active, metadata=True, recorded=True):
         return None
     return dict(type=type(r).__name__, dtype=str(r.dtype), value=np.asarray(r.tolist()))
 
-emit(small=bookkeeping(True, 64, 5), none_experts=bookkeeping(True, None, 3),
-     large=bookkeeping(True, 40000, 6), off=bookkeeping(False, 64, 5),
-     no_meta=bookkeeping(True, 64, 5, metadata=False), nothing=bookkeeping(True, 64, 5, recorded=False))
-""", args={"recorded": recorded})
-    for key, n, dtype in (("small", 5, "int16"), ("none_experts", 3, "int16"), ("large", 6, "int32")):
-        got = out[key]
-        assert got is not None, f"{key}: _router_record_bookkeeping returned None with routing recorded"
-        assert got["type"] == "ndarray", f"{key}: returned a {got['type']}, want one flat numpy array"
-        assert got["dtype"] == dtype, f"{key}: dtype {got['dtype']}, want {dtype}"
-        assert np.array_equal(got["value"], recorded[:n]), \
-            f"{key}: want the first {n} recorded rows (active_token_count, padding cut), got shape {got['value'].shape}"
-    for key in ("off", "no_meta", "nothing"):
-        assert out[key] is None, f"{key}: want None, got {out[key] and out[key]['type']}"
+emit(results=[bookkeeping(*c) for c in ARGS["cases"]])
+"""
+
+
+def test_controller_returns_flat_host_routing():
+    rng = fresh()
+    L, K = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+    padded = int(rng.integers(4, 33))
+    recorded = rng.integers(0, 32000, size=(padded, L, K)).astype(np.int64)
+    cases = []
+    for i in range(int(rng.integers(3, 6))):
+        experts = [None, int(rng.integers(2, 32769)), int(rng.integers(32769, 100000))][int(rng.integers(3))]
+        # the first one with padding rows recorded past the active tokens
+        active = int(rng.integers(1, padded)) if i == 0 else int(rng.integers(1, padded + 1))
+        cases.append([True, experts, active, True, True])
+    cases += [[False, int(rng.integers(2, 1000)), int(rng.integers(1, padded + 1)), True, True],
+              [True, int(rng.integers(2, 1000)), int(rng.integers(1, padded + 1)), False, True],
+              [True, int(rng.integers(2, 1000)), int(rng.integers(1, padded + 1)), True, False]]
+    cases = [cases[int(i)] for i in rng.permutation(len(cases))]
+    out = run(_CONTROLLER, {"recorded": recorded, "padded": padded, "cases": cases}, env=ENV)
+    assert len(out["results"]) == len(cases), "one result per case"
+    for (replay, experts, active, metadata, rec), got in zip(cases, out["results"]):
+        where = (f"moe_enable_routing_replay={replay}, num_moe_experts={experts}, active_token_count={active} "
+                 f"of {padded} recorded rows, routing metadata {'present' if metadata else 'absent'}, "
+                 f"get_routing_indices() {'a tensor' if rec else 'None'}")
+        if not (replay and metadata and rec):
+            assert got is None, f"{where}: want None, got {got and got['type']}"
+            continue
+        dtype = "int16" if (experts or 0) <= 32768 else "int32"
+        assert got is not None, f"{where}: _router_record_bookkeeping returned None"
+        assert got["type"] == "ndarray", f"{where}: returned a {got['type']}, want one flat numpy array"
+        assert got["dtype"] == dtype, f"{where}: dtype {got['dtype']}, want {dtype}"
+        _equal(got["value"], recorded[:active], f"{where}: the first active_token_count recorded rows")

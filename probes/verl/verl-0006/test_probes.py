@@ -1,20 +1,24 @@
 """Probes for verl-0006 (FusedWorker: several worker roles in one Ray actor per rank).
 
-The judge (this module) never imports verl, torch or ray: each probe starts Ray in a child
-process, builds fused worker groups and sends back plain data (every role's values after a
-sequence of calls, the process and Ray actor every role runs in, what siblings a role sees, the
-results of the dispatch and execute modes), which the judge checks against what the calls it
-chose imply.
+The judge (this module) never imports verl, torch or ray. Every probe draws its scenario fresh
+(the world size, each role's init args, the sequence of calls and their arguments, which roles
+are spawned, the values roles set on each other) and runs a driver in a child that builds fused
+worker groups and sends back what the calls returned. The judge computes every expected value
+from the scenario it chose: each role's running value, and a tally kept per process (so the
+values only come out right when the roles of a rank share that rank's one actor process), the
+siblings a role reaches, and what each dispatch and execute mode returns.
 
 The worker groups are CPU actors (use_gpu=False, one CPU per bundle), so the probes need no GPU.
 At this verl version Worker.__init__ asks torch for the CUDA device name; a Ray worker-process
 setup hook gives CPU-only worker processes a stand-in for that query (and does nothing where a
 GPU is visible)."""
 
-from infradev_probe import run, workdir
+from infradev_probe import fresh, run, workdir
 
 SETUP = """
 import os
+import sys
+
 import ray
 
 from verl import DataProto
@@ -36,8 +40,16 @@ def _no_gpu_here():
         torch.cuda.get_device_name = lambda *a, **k: "none"
 
 
+# Ray starts no idle worker processes ahead of need: the sandbox caps the threads of the whole
+# attempt, and every Ray worker process holds a few dozen.
+os.environ["RAY_prestart_worker_first_driver"] = "0"
 ray.init(num_cpus=64, num_gpus=0, include_dashboard=False, object_store_memory=1 << 30,
          _temp_dir=os.path.join(ARGS["dir"], "ray"), runtime_env={"worker_process_setup_hook": _no_gpu_here})
+
+
+def _box():
+    # one per process: roles that share an actor process share it
+    return sys.__dict__.setdefault("_probe_tally", {"t": 0})
 
 
 class Role(Worker):
@@ -58,10 +70,16 @@ class Role(Worker):
         return self.value
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def tally(self, x):
+        box = _box()
+        box["t"] = box["t"] * 3 + self.SIGN * x + self.rank
+        return box["t"]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def where(self):
-        return {"role": self.NAME, "pid": os.getpid(), "actor_id": ray.get_runtime_context().get_actor_id(),
-                "rank": self.rank, "world": self.world_size, "value": self.value, "base": self.base,
-                "scale": self.scale, "log": list(self.log), "siblings": sorted(self.fused_worker_dict)}
+        return {"role": self.NAME, "rank": self.rank, "world": self.world_size, "value": self.value,
+                "base": self.base, "scale": self.scale, "log": list(self.log),
+                "siblings": sorted(self.fused_worker_dict)}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def poke(self, name, v):
@@ -115,44 +133,48 @@ def class_dict(spec):
 
 def pool(n):
     return RayResourcePool([n], use_gpu=False, max_colocate_count=1)
-
-
-def known_actors():
-    # every actor the cluster knows of, whatever its state
-    from ray._private import state
-
-    return sorted(state.actors())
 """
+
+SIGN = {"actor": 1, "critic": -1, "ref": 2}
+
+
+def _spec(rng, roles):
+    return {r: [int(rng.integers(-50, 50)), int(rng.integers(1, 9))] for r in roles}
 
 
 def test_each_role_keeps_its_own_state():
-    spec = {"actor": [1, 2], "critic": [5, 3]}
+    rng = fresh()
+    world = int(rng.integers(2, 4))
+    roles = ["actor", "critic"]
+    spec = _spec(rng, roles)
+    calls = [[str(rng.choice(roles)), int(rng.integers(-100, 100))] for _ in range(int(rng.integers(3, 8)))]
+    again = [[r, int(rng.integers(-100, 100))] for r in rng.permutation(roles).tolist()]
     out = run(SETUP + """
 try:
-    wg = RayWorkerGroup(resource_pool=pool(2), ray_cls_with_init=create_colocated_worker_cls_fused(class_dict(ARGS["spec"])))
+    wg = RayWorkerGroup(resource_pool=pool(ARGS["world"]),
+                        ray_cls_with_init=create_colocated_worker_cls_fused(class_dict(ARGS["spec"])))
     roles = wg.spawn(prefix_set=["actor", "critic"])
     seq = []
     for name, x in ARGS["calls"]:
-        seq.append([name, getattr(roles[name], "bump")(x)])
-    again = wg.spawn(prefix_set=["critic", "actor"])
-    seq.append(["critic", again["critic"].bump(7)])
-    seq.append(["actor", again["actor"].bump(7)])
+        seq.append(roles[name].bump(x))
+    again = wg.spawn(prefix_set=[name for name, _ in ARGS["again"]])
+    for name, x in ARGS["again"]:
+        seq.append(again[name].bump(x))
     emit(seq=seq, where={name: roles[name].where() for name in ("actor", "critic")})
 finally:
     ray.shutdown()
-""", {"dir": workdir(), "spec": spec, "calls": [["actor", 1], ["critic", 10], ["actor", 100], ["critic", 1000]]},
-        timeout=600)
-    sign = {"actor": 1, "critic": -1}
-    value = {"actor": 0, "critic": 0}
-    logs = {"actor": [], "critic": []}
-    calls = [["actor", 1], ["critic", 10], ["actor", 100], ["critic", 1000], ["critic", 7], ["actor", 7]]
-    for i, ((name, x), (got_name, got)) in enumerate(zip(calls, out["seq"])):
-        value[name] += sign[name] * x * spec[name][1]
+""", {"dir": workdir(), "spec": spec, "calls": calls, "again": again, "world": world}, timeout=300)
+    value = {r: 0 for r in roles}
+    logs = {r: [] for r in roles}
+    assert len(out["seq"]) == len(calls) + len(again), f"{len(out['seq'])} results for {len(calls) + len(again)} calls"
+    for i, ((name, x), got) in enumerate(zip(calls + again, out["seq"])):
+        value[name] += SIGN[name] * x * spec[name][1]
         logs[name].append(x)
-        assert got == [value[name], value[name]], (
-            f"call {i + 1}: {name}.bump({x}) returned {got} on the two ranks; want {value[name]} on each "
+        assert got == [value[name]] * world, (
+            f"call {i + 1}: {name}.bump({x}) returned {got} on the {world} ranks; want {value[name]} on each "
             f"({name} holds its own value, scale {spec[name][1]}, across calls and spawns)")
-    for name in ("actor", "critic"):
+    for name in roles:
+        assert len(out["where"][name]) == world, f"the {name} group answered from {len(out['where'][name])} ranks"
         for r, w in enumerate(out["where"][name]):
             assert w["role"] == name and w["value"] == value[name] and w["log"] == logs[name], (
                 f"rank {r}: the {name} role reports role {w['role']}, value {w['value']}, calls {w['log']}; "
@@ -160,53 +182,88 @@ finally:
 
 
 def test_roles_of_a_rank_share_one_actor():
-    spec = {"actor": [1, 1], "critic": [2, 1], "ref": [3, 1]}
+    rng = fresh()
+    world = int(rng.integers(2, 4))
+    roles = ["actor", "critic", "ref"]
+    spec = _spec(rng, roles)
+    # calls of tally through the fused group's own method, its role attributes and spawned groups, in
+    # random order: every call folds into one running tally per rank process
+    steps = []
+    for _ in range(int(rng.integers(4, 9))):
+        steps.append([str(rng.choice(["own", "attr", "spawned"])), str(rng.choice(roles)), int(rng.integers(-9, 10))])
+    order = rng.permutation(roles).tolist()
     out = run(SETUP + """
 try:
     Raw = create_colocated_worker_raw_cls(class_dict(ARGS["spec"]))
 
     class Hybrid(Raw):
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        def own_tally(self, x):
+            box = _box()
+            box["t"] = box["t"] * 3 + 7 * x + self.rank
+            return box["t"]
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
         def whoami(self):
-            return {"pid": os.getpid(), "actor_id": ray.get_runtime_context().get_actor_id(),
-                    "rank": self.rank, "world": self.world_size}
+            return {"rank": self.rank, "world": self.world_size}
 
     cia = RayClassWithInitArgs(cls=ray.remote(Hybrid))
     cia.fused_worker_used = True
-    wg = RayWorkerGroup(resource_pool=pool(3), ray_cls_with_init=cia)
+    wg = RayWorkerGroup(resource_pool=pool(ARGS["world"]), ray_cls_with_init=cia)
     wg.fuse(["actor", "critic", "ref"])
-    res = {"who": wg.whoami(), "world": wg.world_size}
-    created = known_actors()
-    roles = wg.spawn(prefix_set=["ref", "critic", "actor"])
+    spawned = wg.spawn(prefix_set=ARGS["order"])
+    res = {"who": wg.whoami(), "world": wg.world_size, "tallies": []}
+    for how, role, x in ARGS["steps"]:
+        if how == "own":
+            res["tallies"].append(wg.own_tally(x))
+        elif how == "attr":
+            res["tallies"].append(getattr(wg, role).tally(x))
+        else:
+            res["tallies"].append(spawned[role].tally(x))
     res["fused"] = {n: getattr(wg, n).where() for n in ("actor", "critic", "ref")}
-    res["spawned"] = {n: roles[n].where() for n in ("actor", "critic", "ref")}
-    res["role_world"] = {n: roles[n].world_size for n in ("actor", "critic", "ref")}
-    res["extra_actors"] = sorted(set(known_actors()) - set(created))
+    res["spawned"] = {n: spawned[n].where() for n in ("actor", "critic", "ref")}
+    res["role_world"] = {n: spawned[n].world_size for n in ("actor", "critic", "ref")}
     emit(**res)
 finally:
     ray.shutdown()
-""", {"dir": workdir(), "spec": spec}, timeout=600)
-    who = out["who"]
-    assert [w["rank"] for w in who] == [0, 1, 2] and all(w["world"] == 3 for w in who), (
-        f"the fused workers report ranks/world sizes {[(w['rank'], w['world']) for w in who]}")
-    assert len({w["pid"] for w in who}) == 3, f"the 3 ranks run in processes {[w['pid'] for w in who]}"
-    assert out["extra_actors"] == [], (
-        f"spawn() on a fused worker group (after fuse()) started {len(out['extra_actors'])} more Ray actors; "
-        f"role groups must reuse the group's workers")
+""", {"dir": workdir(), "spec": spec, "world": world, "steps": steps, "order": order}, timeout=300)
+    assert out["who"] == [{"rank": r, "world": world} for r in range(world)], (
+        f"the fused workers report ranks/world sizes {out['who']}, want ranks 0-{world - 1} of {world}")
+    tally = [0] * world
+    for i, ((how, role, x), got) in enumerate(zip(steps, out["tallies"], strict=True)):
+        for r in range(world):
+            tally[r] = tally[r] * 3 + (7 * x if how == "own" else SIGN[role] * x) + r
+        where = {"own": "the fused worker's own method", "attr": f"wg.{role}", "spawned": f"a spawned {role} group"}[how]
+        assert got == tally, (
+            f"step {i + 1} ({where}, x={x}): the per-process tallies are {got}, want {tally}: every role of rank r, "
+            f"and the fused worker itself, must run in rank r's one fused actor process (spawning starts no actor)")
     for how in ("fused", "spawned"):
         for name in ("actor", "critic", "ref"):
+            assert len(out[how][name]) == world, f"{how} {name} group answered from {len(out[how][name])} ranks"
             for r, w in enumerate(out[how][name]):
-                assert w["pid"] == who[r]["pid"] and w["actor_id"] == who[r]["actor_id"], (
-                    f"{how} group: the {name} role of rank {r} runs in process {w['pid']} (actor {w['actor_id']}); "
-                    f"want the rank's fused worker, process {who[r]['pid']} (actor {who[r]['actor_id']})")
-                assert w["rank"] == r and w["world"] == 3, (
-                    f"{how} group: the {name} role of rank {r} has rank {w['rank']} of {w['world']}, want {r} of 3")
-    assert out["world"] == 3 and out["role_world"] == {"actor": 3, "critic": 3, "ref": 3}, (
-        f"world sizes: fused group {out['world']}, role groups {out['role_world']}")
+                assert w["rank"] == r and w["world"] == world and w["role"] == name, (
+                    f"{how} group: the {name} role of rank {r} reports role {w['role']}, rank {w['rank']} of "
+                    f"{w['world']}; want {name}, {r} of {world}")
+                assert [w["base"], w["scale"]] == spec[name], (
+                    f"{how} group: the {name} role of rank {r} was built with {[w['base'], w['scale']]}, want "
+                    f"{spec[name]}")
+    assert out["world"] == world and out["role_world"] == {n: world for n in roles}, (
+        f"world sizes: fused group {out['world']}, role groups {out['role_world']}, want {world}")
 
 
 def test_roles_see_their_siblings_and_own_init_args():
-    spec = {"actor": [4, 2], "critic": [6, 5]}
+    rng = fresh()
+    world = int(rng.integers(2, 4))
+    roles = ["actor", "critic"]
+    spec = _spec(rng, roles)
+    x = int(rng.integers(1, 50))
+    marks = {r: int(rng.integers(1000, 10 ** 6)) for r in roles}
+    unknown = "role%x" % int(rng.integers(1 << 24))
+    names = [str(n) for n in rng.permutation(roles + [unknown])]
+    poke = {"from": str(rng.choice(roles))}
+    poke["to"] = "critic" if poke["from"] == "actor" else "actor"
+    poke["v"] = int(rng.integers(-10 ** 6, 10 ** 6))
+    back = int(rng.integers(-10 ** 6, 10 ** 6))
     out = run(SETUP + """
 try:
     Raw = create_colocated_worker_raw_cls(class_dict(ARGS["spec"]))
@@ -217,57 +274,80 @@ try:
             return [self.actor.bump(x), self.critic.bump(x)]
 
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-        def lookup(self):
-            return {"dict": sorted(self.fused_worker_dict),
-                    "same": [self.fused_worker_dict[n] is getattr(self, n) for n in ("actor", "critic")],
-                    "missing": self.get_fused_worker_by_name("nobody") is None}
+        def lookup(self, marks, names):
+            # mark every role through fused_worker_dict, read the marks back through the role attributes
+            for n, v in marks.items():
+                self.fused_worker_dict[n].value = v
+            got = {"dict": sorted(self.fused_worker_dict), "attrs": [getattr(self, n).value for n in marks]}
+            found = []
+            for n in names:
+                w = self.get_fused_worker_by_name(n)
+                found.append(None if w is None else w.NAME)
+            got["found"] = found
+            for n in marks:
+                self.fused_worker_dict[n].value = 0
+            return got
 
     cia = RayClassWithInitArgs(cls=ray.remote(Hybrid))
     cia.fused_worker_used = True
-    wg = RayWorkerGroup(resource_pool=pool(2), ray_cls_with_init=cia)
+    wg = RayWorkerGroup(resource_pool=pool(ARGS["world"]), ray_cls_with_init=cia)
     wg.fuse(["actor", "critic"])
-    res = {"lookup": wg.lookup(), "combo": wg.combo(3)}
-    res["poke"] = wg.actor.poke("critic", 40)
-    res["poke_missing"] = wg.critic.poke("nobody", 1)
+    res = {"lookup": wg.lookup(ARGS["marks"], ARGS["names"]), "combo": wg.combo(ARGS["x"])}
+    p = ARGS["poke"]
+    res["poke"] = getattr(wg, p["from"]).poke(p["to"], p["v"])
+    res["poke_missing"] = getattr(wg, p["to"]).poke(ARGS["unknown"], 1)
     res["where"] = {n: getattr(wg, n).where() for n in ("actor", "critic")}
-    res["back"] = wg.critic.poke("actor", -8)
-    res["actor_after"] = wg.actor.where()
+    res["back"] = getattr(wg, p["to"]).poke(p["from"], ARGS["back"])
+    res["from_after"] = getattr(wg, p["from"]).where()
     emit(**res)
 finally:
     ray.shutdown()
-""", {"dir": workdir(), "spec": spec}, timeout=600)
-    for r, got in enumerate(out["lookup"]):
-        assert got["dict"] == ["actor", "critic"] and got["same"] == [True, True] and got["missing"], (
-            f"rank {r}: the fused worker's fused_worker_dict holds {got['dict']} (the role attributes are the same "
-            f"objects: {got['same']}); get_fused_worker_by_name('nobody') is None: {got['missing']}")
-    assert out["combo"] == [[3 * 2, -3 * 5]] * 2, f"the fused worker's own method combo(3) returned {out['combo']}"
-    assert out["poke"] == ["critic", "critic"], (
-        f"the actor role looked up its sibling 'critic' with get_fused_worker_by_name and got {out['poke']} "
-        f"(None: no sibling); want the critic role on each rank")
-    assert out["poke_missing"] == [None, None], f"get_fused_worker_by_name('nobody') from a role: {out['poke_missing']}"
-    for name in ("actor", "critic"):
+""", {"dir": workdir(), "spec": spec, "world": world, "x": x, "marks": marks, "names": names, "poke": poke,
+      "unknown": unknown, "back": back}, timeout=300)
+    want_lookup = {"dict": roles, "attrs": [marks[r] for r in marks], "found": [None if n == unknown else n for n in names]}
+    assert out["lookup"] == [want_lookup] * world, (
+        f"the fused worker's own method sees {out['lookup']}; want on every rank fused_worker_dict holding both roles "
+        f"(the same objects as its role attributes: marks set through one read back through the other) and "
+        f"get_fused_worker_by_name finding {want_lookup['found']} for {names}")
+    want_combo = [x * spec["actor"][1], -x * spec["critic"][1]]
+    assert out["combo"] == [want_combo] * world, (
+        f"the fused worker's own method combo({x}) returned {out['combo']}, want {want_combo} on each rank")
+    assert out["poke"] == [poke["to"]] * world, (
+        f"the {poke['from']} role looked up its sibling {poke['to']!r} with get_fused_worker_by_name and got "
+        f"{out['poke']} (None: no sibling); want the {poke['to']} role on each rank")
+    assert out["poke_missing"] == [None] * world, f"get_fused_worker_by_name({unknown!r}) from a role: {out['poke_missing']}"
+    for name in roles:
         base, scale = spec[name]
         for r, w in enumerate(out["where"][name]):
-            assert w["siblings"] == ["actor", "critic"], (
+            assert w["siblings"] == roles, (
                 f"rank {r}: the {name} role's fused_worker_dict holds {w['siblings']}, want both roles")
             assert w["base"] == base and w["scale"] == scale, (
                 f"rank {r}: the {name} role was built with base {w['base']}, scale {w['scale']}; want its own "
                 f"init args {base} (positional) and scale={scale}")
-    assert [w["value"] for w in out["where"]["critic"]] == [40, 40], (
-        f"after the actor set its sibling critic's value to 40, the critic role reports "
-        f"{[w['value'] for w in out['where']['critic']]}")
-    assert out["back"] == ["actor", "actor"] and [w["value"] for w in out["actor_after"]] == [-8, -8], (
-        f"the critic set the actor's value to -8 through its sibling: {out['back']}, actor now "
-        f"{[w['value'] for w in out['actor_after']]}")
+    assert [w["value"] for w in out["where"][poke["to"]]] == [poke["v"]] * world, (
+        f"after the {poke['from']} set its sibling {poke['to']}'s value to {poke['v']}, the {poke['to']} role reports "
+        f"{[w['value'] for w in out['where'][poke['to']]]}")
+    assert out["back"] == [poke["from"]] * world and [w["value"] for w in out["from_after"]] == [back] * world, (
+        f"the {poke['to']} set the {poke['from']}'s value to {back} through its sibling: {out['back']}, "
+        f"{poke['from']} now {[w['value'] for w in out['from_after']]}")
 
 
 def test_role_methods_keep_their_dispatch_and_execute_modes():
-    spec = {"actor": [1, 2], "critic": [10, 3]}
+    rng = fresh()
+    world = 2
+    roles = ["actor", "critic"]
+    spec = _spec(rng, roles)
+    bumps = {r: int(rng.integers(-20, 20)) for r in roles}
+    per = int(rng.integers(1, 4))
+    a = rng.integers(-1000, 1000, size=world * per).tolist()
+    scaled = {r: rng.integers(-100, 100, size=world).tolist() for r in roles}
+    later = int(rng.integers(-50, 50))
     out = run(SETUP + """
 import torch
 
 try:
-    wg = RayWorkerGroup(resource_pool=pool(2), ray_cls_with_init=create_colocated_worker_cls_fused(class_dict(ARGS["spec"])))
+    wg = RayWorkerGroup(resource_pool=pool(ARGS["world"]),
+                        ray_cls_with_init=create_colocated_worker_cls_fused(class_dict(ARGS["spec"])))
     roles = wg.spawn(prefix_set=["actor", "critic"])
     res = {}
 
@@ -277,37 +357,39 @@ try:
         except Exception as e:
             res[key] = {"error": "%s: %s" % (type(e).__name__, str(e)[:1500])}
 
-    roles["actor"].bump(5)
-    roles["critic"].bump(2)
-    attempt("head_actor", lambda: roles["actor"].head())
-    attempt("head_critic", lambda: roles["critic"].head())
-    data = DataProto.from_dict({"a": torch.zeros(6)})
-    attempt("shift_actor", lambda: roles["actor"].shift(data).batch["a"].tolist())
-    attempt("shift_critic", lambda: roles["critic"].shift(data).batch["a"].tolist())
-    attempt("scaled_actor", lambda: roles["actor"].scaled([10, 20]))
-    attempt("scaled_critic", lambda: roles["critic"].scaled([10, 20]))
+    for r in ("actor", "critic"):
+        roles[r].bump(ARGS["bumps"][r])
+    for r in ("actor", "critic"):
+        attempt("head_" + r, lambda r=r: roles[r].head())
+        data = DataProto.from_dict({"a": torch.tensor(ARGS["a"], dtype=torch.long)})
+        attempt("shift_" + r, lambda r=r, data=data: roles[r].shift(data).batch["a"].tolist())
+        attempt("scaled_" + r, lambda r=r: roles[r].scaled(ARGS["scaled"][r]))
 
     def later():
-        refs = roles["critic"].later(4)
+        refs = roles["critic"].later(ARGS["later"])
         return {"kind": type(refs).__name__, "n": len(refs), "values": ray.get(list(refs))}
 
     attempt("later_critic", later)
     emit(**res)
 finally:
     ray.shutdown()
-""", {"dir": workdir(), "spec": spec}, timeout=600)
-    for role, want in (("actor", {"role": "actor", "rank": 0, "value": 10}),
-                       ("critic", {"role": "critic", "rank": 0, "value": -6})):
+""", {"dir": workdir(), "spec": spec, "world": world, "bumps": bumps, "a": a, "scaled": scaled,
+      "later": later}, timeout=300)
+    value = {r: SIGN[r] * bumps[r] * spec[r][1] for r in roles}
+    for role in roles:
+        want = {"role": role, "rank": 0, "value": value[role]}
         got = out["head_" + role]
         assert got == want, (
-            f"the {role} group's head() (Execute.RANK_ZERO) gave {got}; want one result, from rank 0 of the "
-            f"{role} role: {want}")
-    for role, sign, base in (("actor", 1, 1), ("critic", -1, 10)):
-        want = [sign * (base + 100 * (i // 3)) for i in range(6)]
+            f"the {role} group's head() (Execute.RANK_ZERO) after bump({bumps[role]}) gave {got}; want one result, "
+            f"from rank 0 of the {role} role: {want}")
+        want = [v + SIGN[role] * (spec[role][0] + 100 * (i // per)) for i, v in enumerate(a)]
         got = out["shift_" + role]
-        assert got == want, f"the {role} group's shift() (Dispatch.DP_COMPUTE_PROTO over 2 ranks): {got}, want {want}"
-    assert out["scaled_actor"] == [10 * 2 + 0, 20 * 2 + 1], f"actor scaled (ALL_TO_ALL): {out['scaled_actor']}"
-    assert out["scaled_critic"] == [-10 * 3 + 0, -20 * 3 + 1], f"critic scaled (ALL_TO_ALL): {out['scaled_critic']}"
+        assert got == want, (
+            f"the {role} group's shift() (Dispatch.DP_COMPUTE_PROTO over {world} ranks): {got}, want {want}")
+        want = [SIGN[role] * v * spec[role][1] + r for r, v in enumerate(scaled[role])]
+        assert out["scaled_" + role] == want, (
+            f"{role} scaled({scaled[role]}) (ALL_TO_ALL): {out['scaled_' + role]}, want {want}")
     got = out["later_critic"]
-    assert "error" not in got and got["n"] == 2 and got["values"] == [-10, -10], (
-        f"critic later(4) (blocking=False): {got}; want 2 object refs resolving to -10 on each rank")
+    want = value["critic"] - later
+    assert "error" not in got and got["n"] == world and got["values"] == [want] * world, (
+        f"critic later({later}) (blocking=False): {got}; want {world} object refs resolving to {want} on each rank")

@@ -1,12 +1,14 @@
 """Probes for verl-0009 (a sampling temperature per sample in the FSDP model engine).
 
 The judge (this module) never imports verl or torch. Each probe sends a driver to a child that
-builds FSDPEngineWithLMHead around a model whose logits are a lookup table the judge chose
-(logits of a token = one row of the table), runs forward_backward_batch on a batch of jagged
-sequences the judge chose, with per-sample (or one float) temperatures, and sends back the
-engine's log-probs, entropies and, after a backward pass, the table's gradient. The judge computes
-the expected values itself with numpy: log_softmax(table[token] / T_i) at the next token of the
-same sample, the entropy of softmax(table[token] / T_i), and the gradient of the summed log-probs.
+builds FSDPEngineWithLMHead around a model whose logits are a lookup table (logits of a token =
+one row of the table), runs forward_backward_batch on a batch of jagged sequences with
+per-sample (or one float) temperatures, and sends back the engine's log-probs, entropies and,
+after a backward pass, the table's gradient. Everything is drawn fresh for every attempt: the
+table, the vocabulary size, the sequences (their number, lengths and tokens), the temperatures
+and the micro-batch size. The judge computes the expected values itself with numpy:
+log_softmax(table[token] / T_i) at the next token of the same sample, the entropy of
+softmax(table[token] / T_i), and the gradient of the summed log-probs.
 
 The child forks its ranks (RANKS_PRELUDE) and uses CUDA with NCCL where GPUs are visible, CPU with
 gloo elsewhere; the Ulysses probe needs two ranks.
@@ -14,15 +16,27 @@ gloo elsewhere; the Ulysses probe needs two ranks.
 
 import numpy as np
 
-from infradev_probe import RANKS_PRELUDE, run
-
-V = 13
-SEQS = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 0, 1, 2, 3, 4], [5, 6, 7, 8], [11, 12, 11], [3, 9, 12, 0]]
-TEMPS = [0.5, 1.0, 2.0, 4.0, 0.25, 1.25]
+from infradev_probe import RANKS_PRELUDE, fresh, run
 
 
-def _table(seed):
-    return np.random.default_rng(seed).normal(scale=2.0, size=(V, V))
+def _scenario(rng, micro, groups, lo=2, hi=9):
+    """A lookup table and micro * groups sequences whose lengths are no palindrome within any
+    micro-batch (so that rows of one micro-batch cannot be mistaken for each other), with
+    distinct temperatures."""
+    vocab = int(rng.integers(8, 25))
+    table = rng.normal(scale=2.0, size=(vocab, vocab))
+    lens = []
+    for _ in range(groups):
+        while True:
+            chunk = rng.integers(lo, hi + 1, size=micro).tolist()
+            if micro == 1 or chunk != chunk[::-1]:
+                break
+        lens += chunk
+    seqs = [rng.integers(0, vocab, size=n).tolist() for n in lens]
+    temps = [float(t) for t in rng.permutation(np.round(rng.uniform(0.2, 3.0, size=len(seqs)), 3))]
+    while len(set(temps)) < len(temps):
+        temps = [float(t) for t in np.round(rng.uniform(0.2, 3.0, size=len(seqs)), 3)]
+    return table, seqs, temps
 
 
 ENGINE = r"""
@@ -157,42 +171,50 @@ def _check_log_probs(name, got, table, seqs, temps, entropy=False, rank=0):
 
 
 def test_per_sample_temperature_with_padding_removed():
-    table = _table(1)
+    rng = fresh()
+    micro = int(rng.integers(2, 4))
+    table, seqs, temps = _scenario(rng, micro, int(rng.integers(2, 4)))
+    t_float = float(np.round(rng.uniform(0.2, 3.0), 3))
     cases = [
-        {"name": "per-sample", "sp": 1, "rmpad": True, "micro": 2, "train": False, "entropy": True,
-         "seqs": SEQS, "temperature": TEMPS},
-        {"name": "float", "sp": 1, "rmpad": True, "micro": 3, "train": False, "entropy": True,
-         "seqs": SEQS, "temperature": 0.7},
+        {"name": "per-sample", "sp": 1, "rmpad": True, "micro": micro, "train": False, "entropy": True,
+         "seqs": seqs, "temperature": temps},
+        {"name": "float", "sp": 1, "rmpad": True, "micro": int(rng.choice([d for d in range(1, 5) if len(seqs) % d == 0])),
+         "train": False, "entropy": True,
+         "seqs": seqs, "temperature": t_float},
     ]
     out = run(RANKS_PRELUDE + ENGINE, {"world": 1, "table": table, "cases": cases}, timeout=400)
     got = out["ranks"][0]
-    _check_log_probs("packed path, per-sample temperatures, micro-batches of 2", got["per-sample"], table,
-                     SEQS, TEMPS, entropy=True)
-    _check_log_probs("packed path, one float temperature 0.7", got["float"], table, SEQS,
-                     [0.7] * len(SEQS), entropy=True)
+    _check_log_probs(f"packed path, per-sample temperatures, micro-batches of {micro}", got["per-sample"], table,
+                     seqs, temps, entropy=True)
+    _check_log_probs(f"packed path, one float temperature {t_float}", got["float"], table, seqs,
+                     [t_float] * len(seqs), entropy=True)
 
 
 def test_per_sample_temperature_in_padded_path():
-    table = _table(2)
-    temps = [3.0, 0.5, 1.0, 0.2, 1.5, 0.8]
-    cases = [{"name": "padded", "sp": 1, "rmpad": False, "micro": 2, "train": False, "entropy": True,
-              "seqs": SEQS, "temperature": temps}]
+    rng = fresh()
+    micro = int(rng.integers(2, 4))
+    table, seqs, temps = _scenario(rng, micro, int(rng.integers(2, 4)))
+    cases = [{"name": "padded", "sp": 1, "rmpad": False, "micro": micro, "train": False, "entropy": True,
+              "seqs": seqs, "temperature": temps}]
     out = run(RANKS_PRELUDE + ENGINE, {"world": 1, "table": table, "cases": cases}, timeout=400)
-    _check_log_probs("padded path (use_remove_padding=False), per-sample temperatures", out["ranks"][0]["padded"],
-                     table, SEQS, temps, entropy=True)
+    _check_log_probs(f"padded path (use_remove_padding=False), per-sample temperatures, micro-batches of {micro}",
+                     out["ranks"][0]["padded"], table, seqs, temps, entropy=True)
 
 
 def test_ulysses_padding_keeps_results_and_gradients_finite():
-    table = _table(3)
-    # 25 packed tokens over a sequence-parallel group of 2: the group pads one position
-    seqs = SEQS[:-1] + [[3, 9, 12]]
-    assert sum(len(s) for s in seqs) % 2 == 1
+    rng = fresh()
+    # an odd number of packed tokens over a sequence-parallel group of 2: the group pads one position
+    while True:
+        table, seqs, temps = _scenario(rng, int(rng.integers(3, 7)), 1)
+        if sum(len(s) for s in seqs) % 2 == 1:
+            break
     cases = [{"name": "sp2", "sp": 2, "rmpad": True, "micro": len(seqs), "train": True, "entropy": False,
-              "seqs": seqs, "temperature": TEMPS}]
+              "seqs": seqs, "temperature": temps}]
     out = run(RANKS_PRELUDE + ENGINE, {"world": 2, "table": table, "cases": cases}, timeout=400)
     grads = []
+    assert len(out["ranks"]) == 2, f"{len(out['ranks'])} ranks answered, want 2"
     for r, got in enumerate(out["ranks"]):
-        _check_log_probs("Ulysses sequence parallel of 2, per-sample temperatures", got["sp2"], table, seqs, TEMPS,
+        _check_log_probs("Ulysses sequence parallel of 2, per-sample temperatures", got["sp2"], table, seqs, temps,
                          rank=r)
         g = np.asarray(got["sp2"]["grad"], dtype=np.float64)
         assert g.shape == table.shape, f"rank {r}: gradient of shape {g.shape}, want {table.shape}"
@@ -202,7 +224,7 @@ def test_ulysses_padding_keeps_results_and_gradients_finite():
             f"log-probs (the padding added for the group must not poison the computation)")
         grads.append(g)
     total = grads[0] + grads[1]
-    want = _grad(table, seqs, TEMPS)
+    want = _grad(table, seqs, temps)
     # the sequence-parallel gather may scale gradients by the group size: accept any positive factor
     scale = float((total * want).sum() / (want * want).sum())
     assert scale > 0 and np.allclose(total, scale * want, atol=1e-3 * max(1.0, scale)), (
@@ -214,67 +236,97 @@ EXPAND = r"""
 import torch
 
 from verl.utils.torch_functional import expand_as_nested
-from verl.utils.ulysses import ulysses_pad, ulysses_pad_and_slice_inputs
+from verl.utils.ulysses import ulysses_pad
 
 devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-res = {}
+res = {"devices": devices}
 for dev in devices:
-    seqs = [torch.arange(n, device=dev) for n in ARGS["lens"]]
-    nt = torch.nested.as_nested_tensor(seqs, layout=torch.jagged)
-    for name, dtype in (("float", torch.float32), ("long", torch.long)):
-        t = torch.tensor(ARGS["vals"], dtype=dtype, device=dev)
-        o = expand_as_nested(t, nt)
-        res[dev + "-" + name] = {
-            "nested": bool(o.is_nested),
-            "rows": [r.cpu().numpy() for r in o.unbind()],
-            "offsets": o.offsets().cpu().numpy(),
-            "dtype": str(o.dtype), "device": o.values().device.type,
-        }
-    errors = {}
-    bad = {"not-nested": (torch.tensor(ARGS["vals"], device=dev), torch.tensor(ARGS["vals"], device=dev)),
-           "batch": (torch.tensor(ARGS["vals"] + [1.0], device=dev), nt),
-           "ndim": (torch.tensor([ARGS["vals"]], device=dev), nt)}
-    for key, (a, b) in bad.items():
+    out = []
+    for call in ARGS["calls"]:
+        nt = torch.nested.as_nested_tensor([torch.arange(n, device=dev) for n in call["lens"]], layout=torch.jagged)
+        dtype = {"float": torch.float32, "long": torch.long}[call["dtype"]]
+        t = torch.tensor(call["vals"], dtype=dtype, device=dev)
+        if call["bad"] == "not-nested":
+            nt = torch.tensor(call["vals"], device=dev)
+        elif call["bad"] == "ndim":
+            t = t.unsqueeze(0)
+        elif call["bad"] == "nested-3d":
+            nt = torch.nested.as_nested_tensor([torch.zeros(n, 2, device=dev) for n in call["lens"]],
+                                               layout=torch.jagged)
         try:
-            expand_as_nested(a, b)
-            errors[key] = "none"
+            o = expand_as_nested(t, nt)
+            out.append({"nested": bool(o.is_nested), "rows": [r.cpu().numpy() for r in o.unbind()],
+                        "offsets": o.offsets().cpu().numpy(), "dtype": str(o.dtype),
+                        "device": o.values().device.type})
         except AssertionError:
-            errors[key] = "AssertionError"
+            out.append({"error": "AssertionError"})
         except Exception as e:
-            errors[key] = type(e).__name__
-    res[dev + "-errors"] = errors
-res["offsets_in"] = torch.nested.as_nested_tensor([torch.arange(n) for n in ARGS["lens"]], layout=torch.jagged).offsets().numpy()
+            out.append({"error": type(e).__name__})
+    res[dev] = out
 
-x = torch.arange(1, 8, dtype=torch.float32).unsqueeze(0)  # (1, 7)
-p, _, pad = ulysses_pad(x, position_ids_rmpad=None, sp_size=4, pad_value=1)
-p0, _, pad0 = ulysses_pad(x, position_ids_rmpad=None, sp_size=4)
-res["pad"] = {"padded": p.numpy(), "size": pad, "default": p0.numpy()}
+pads = []
+for p in ARGS["pads"]:
+    x = torch.tensor(p["x"], dtype=torch.float32).unsqueeze(0)
+    kw = {} if p["value"] is None else {"pad_value": p["value"]}
+    padded, _, size = ulysses_pad(x, position_ids_rmpad=None, sp_size=p["sp"], **kw)
+    pads.append({"padded": padded.numpy(), "size": int(size)})
+res["pads"] = pads
 emit(**res)
 """
 
 
 def test_expand_as_nested_and_ulysses_pad_value():
-    lens, vals = [3, 1, 4, 2], [0.5, 2.0, 7.0, 3.0]
-    out = run(EXPAND, {"lens": lens, "vals": vals}, timeout=200)
-    devices = ["cpu"] + (["cuda"] if "cuda-float" in out else [])
-    for dev in devices:
-        for name, dtype in (("float", "torch.float32"), ("long", "torch.int64")):
-            got = out[f"{dev}-{name}"]
-            assert got["nested"], f"{dev}/{name}: expand_as_nested did not return a nested tensor"
+    rng = fresh()
+    kinds = ["ok", "not-nested", "batch", "ndim"]
+    kinds += [str(k) for k in rng.choice(["ok", "ok", "not-nested", "batch", "ndim", "nested-3d"],
+                                         size=int(rng.integers(1, 4)))]
+    kinds = [kinds[i] for i in rng.permutation(len(kinds))]
+    calls = []
+    for kind in kinds:
+        n = int(rng.integers(2, 7))
+        while True:
+            lens = rng.integers(1, 7, size=n).tolist()
+            if lens != lens[::-1]:
+                break
+        dtype = str(rng.choice(["float", "long"]))
+        vals = rng.integers(-1000, 1000, size=n).tolist() if dtype == "long" else \
+            np.round(rng.normal(size=n), 4).tolist()
+        if kind == "batch":
+            vals = vals + vals[:int(rng.integers(1, 3))]
+        calls.append({"lens": lens, "vals": vals, "dtype": dtype, "bad": None if kind == "ok" else kind})
+    pads = []
+    for value in (float(rng.integers(1, 100)), None, float(np.round(rng.uniform(-5, 5), 2))):
+        sp = int(rng.integers(2, 6))
+        length = sp * int(rng.integers(1, 4)) + int(rng.integers(1, sp))  # never a multiple: padding is added
+        pads.append({"x": np.round(rng.uniform(1, 50, size=length), 2).tolist(), "sp": sp, "value": value})
+    out = run(EXPAND, {"calls": calls, "pads": pads}, timeout=200)
+    assert out["devices"][:1] == ["cpu"], f"devices {out['devices']}"
+    for dev in out["devices"]:
+        assert len(out[dev]) == len(calls), f"{dev}: {len(out[dev])} results for {len(calls)} calls"
+        for i, (call, got) in enumerate(zip(calls, out[dev])):
+            label = f"{dev}, call {i + 1} (lengths {call['lens']}, {call['dtype']} values {call['vals']})"
+            if call["bad"] is not None:
+                assert got == {"error": "AssertionError"}, (
+                    f"{label}, invalid ({call['bad']}): expand_as_nested gave {got}; want an AssertionError")
+                continue
+            assert "error" not in got, f"{label}: expand_as_nested raised {got['error']}"
+            assert got["nested"], f"{label}: expand_as_nested did not return a nested tensor"
             rows = [np.asarray(r).tolist() for r in got["rows"]]
-            want = [[float(v) if name == "float" else int(v)] * n for v, n in zip(vals, lens)]
-            assert rows == want, f"{dev}/{name}: expand_as_nested gave rows {rows}; want {want}"
-            assert np.asarray(got["offsets"]).tolist() == np.asarray(out["offsets_in"]).tolist(), (
-                f"{dev}/{name}: offsets {np.asarray(got['offsets']).tolist()}, want those of the input "
-                f"{np.asarray(out['offsets_in']).tolist()}")
+            cast = float if call["dtype"] == "float" else int
+            want = [[cast(np.float32(v)) if cast is float else v] * n for v, n in zip(call["vals"], call["lens"])]
+            assert rows == want, f"{label}: expand_as_nested gave rows {rows}; want {want}"
+            offsets = np.concatenate([[0], np.cumsum(call["lens"])]).tolist()
+            assert np.asarray(got["offsets"]).tolist() == offsets, (
+                f"{label}: offsets {np.asarray(got['offsets']).tolist()}, want those of the input {offsets}")
+            dtype = "torch.float32" if call["dtype"] == "float" else "torch.int64"
             assert got["dtype"] == dtype and got["device"] == dev, (
-                f"{dev}/{name}: result has dtype {got['dtype']} on {got['device']}; want {dtype} on {dev}")
-        errors = out[f"{dev}-errors"]
-        assert errors == {"not-nested": "AssertionError", "batch": "AssertionError", "ndim": "AssertionError"}, (
-            f"{dev}: invalid arguments raised {errors}; want AssertionError for each")
-    pad = out["pad"]
-    assert int(pad["size"]) == 1 and np.asarray(pad["padded"]).tolist() == [[1, 2, 3, 4, 5, 6, 7, 1]], (
-        f"ulysses_pad of 7 tokens to a multiple of 4 with pad_value=1 gave {np.asarray(pad['padded']).tolist()} "
-        f"(pad size {pad['size']})")
-    assert np.asarray(pad["default"]).tolist() == [[1, 2, 3, 4, 5, 6, 7, 0]], (
-        f"ulysses_pad without pad_value must still pad with 0: {np.asarray(pad['default']).tolist()}")
+                f"{label}: result has dtype {got['dtype']} on {got['device']}; want {dtype} on {dev}")
+    assert len(out["pads"]) == len(pads), f"{len(out['pads'])} ulysses_pad results for {len(pads)} calls"
+    for p, got in zip(pads, out["pads"]):
+        size = (p["sp"] - len(p["x"]) % p["sp"]) % p["sp"]
+        fill = 0.0 if p["value"] is None else float(np.float32(p["value"]))
+        want = [[float(np.float32(v)) for v in p["x"]] + [fill] * size]
+        assert int(got["size"]) == size and np.asarray(got["padded"]).tolist() == want, (
+            f"ulysses_pad of {len(p['x'])} values to a multiple of {p['sp']} with "
+            f"{'no pad_value (0)' if p['value'] is None else 'pad_value=%s' % p['value']} gave "
+            f"{np.asarray(got['padded']).tolist()} (pad size {got['size']}); want {want} (pad size {size})")

@@ -1,19 +1,21 @@
 """Probes for verl-0012 (prepare_dynamic_batch / restore_dynamic_batch and DataProto.split).
 
-The judge (this module) never imports verl or torch. It draws the attention masks itself (numpy,
-fixed seeds) and sends them to the child, which builds a DataProto on the GPU whose every row
+The judge (this module) never imports verl or torch. It draws every scenario fresh (attention
+masks, token budgets, sample counts, index lists, split sizes, meta_info values) and sends it to
+the child, which builds a DataProto on the GPU whose every row
 carries its own sample index (in several tensors of different shapes and in two non-tensor
 entries, one of them a list of per-sample dicts like multi_modal_inputs), runs the code under
 test and sends back which sample every row of every piece holds, and where. The judge checks
 that against what it knows: the masks' valid-token counts give the number of micro-batches,
-the sample indices give where every row must be, and the instruction's rules give the order.
+the sample indices give where every row must be, and the instruction's rules give the order;
+the grouping itself is compared with gold's on the same masks (reference).
 """
 
 import math
 
 import numpy as np
 
-from infradev_probe import RANKS_PRELUDE, run
+from infradev_probe import RANKS_PRELUDE, fresh, reference, run
 
 BUILD = r"""
 import numpy as np
@@ -58,22 +60,19 @@ def describe(piece):
 """
 
 PREPARE = BUILD + r"""
-from verl.utils.seqlen_balancing import prepare_dynamic_batch, rearrange_micro_batches
+from verl.utils.seqlen_balancing import prepare_dynamic_batch
 
 out = []
 for case in ARGS["cases"]:
     data = build(case["mask"], "cuda")
     micro, idx = prepare_dynamic_batch(data, max_token_len=case["max_token_len"])
-    _, ref_idx = rearrange_micro_batches(data.batch, max_token_len=case["max_token_len"])
-    out.append({"idx": [list(map(int, x)) for x in idx], "ref_idx": [list(map(int, x)) for x in ref_idx],
-                "pieces": [describe(m) for m in micro]})
+    out.append({"idx": [list(map(int, x)) for x in idx], "pieces": [describe(m) for m in micro]})
 emit(out=out)
 """
 
 
-def _mask(seed, n, width, lo, hi):
+def _mask(rng, n, width, lo, hi):
     """Left-padded masks with between lo and hi valid tokens per row."""
-    rng = np.random.default_rng(seed)
     mask = np.zeros((n, width), dtype=np.int64)
     for i in range(n):
         mask[i, width - int(rng.integers(lo, hi + 1)):] = 1
@@ -95,13 +94,24 @@ def _check_piece(label, k, piece, want_rows, mask):
 
 
 def test_micro_batches_carry_their_samples_tensors_and_non_tensors():
-    cases = [
-        {"label": "20 samples of 30-64 tokens, budget 160", "mask": _mask(0, 20, 64, 30, 64), "max_token_len": 160},
-        {"label": "13 samples of 1-48 tokens, budget 48", "mask": _mask(1, 13, 48, 1, 48), "max_token_len": 48},
-        {"label": "9 samples, budget above the total", "mask": _mask(2, 9, 32, 5, 32), "max_token_len": 4096},
-    ]
+    rng = fresh()
+    cases = []
+    for kind in ("several", "tight", "roomy"):
+        n, width = int(rng.integers(5, 25)), int(rng.integers(8, 65))
+        lo = int(rng.integers(1, width + 1))
+        mask = _mask(rng, n, width, lo, width)
+        longest, total = int(mask.sum(-1).max()), int(mask.sum())
+        if kind == "several":
+            budget = int(rng.integers(longest, max(longest, total // 2) + 1))
+        elif kind == "tight":
+            budget = longest
+        else:
+            budget = int(rng.integers(total, 2 * total + 1))
+        cases.append({"label": f"{n} samples of {lo}-{width} tokens ({total} in all), budget {budget}", "mask": mask,
+                      "max_token_len": budget})
     out = run(PREPARE, {"cases": cases}, timeout=300)["out"]
-    for case, got in zip(cases, out, strict=True):
+    ref = reference(PREPARE, {"cases": cases}, timeout=300)["out"]
+    for case, got, want in zip(cases, out, ref, strict=True):
         label, mask = case["label"], case["mask"]
         n = mask.shape[0]
         want_count = min(n, math.ceil(int(mask.sum()) / case["max_token_len"]))
@@ -111,8 +121,9 @@ def test_micro_batches_carry_their_samples_tensors_and_non_tensors():
             f"(min(samples, ceil(valid tokens / max_token_len)))")
         assert sorted(i for part in idx for i in part) == list(range(n)), (
             f"{label}: the index lists {idx} are not a partition of the {n} samples")
-        assert idx == got["ref_idx"], (
-            f"{label}: index lists {idx}, want rearrange_micro_batches' grouping {got['ref_idx']}")
+        assert idx == want["idx"], (
+            f"{label}: index lists {idx}, want rearrange_micro_batches' grouping {want['idx']} (gold's, on the same "
+            f"masks)")
         for k, (piece, rows) in enumerate(zip(got["pieces"], idx, strict=True)):
             _check_piece(label, k, piece, rows, mask)
 
@@ -138,19 +149,25 @@ emit(**res)
 
 
 def test_restore_puts_rows_back_in_sample_order_on_their_device():
-    mask = _mask(3, 17, 40, 4, 40)
-    given = [[5, 0, 3], [1], [6, 2, 4]]
-    out = run(RESTORE, {"mask": mask, "max_token_len": 64, "given_idx": given}, timeout=300)
+    rng = fresh()
+    n, width = int(rng.integers(6, 25)), int(rng.integers(8, 49))
+    mask = _mask(rng, n, width, 1, width)
+    budget = int(rng.integers(width, 3 * width + 1))
+    m = int(rng.integers(4, 12))
+    perm = [int(i) for i in rng.permutation(m)]
+    cuts = sorted(int(c) for c in rng.choice(range(1, m), size=int(rng.integers(1, min(m - 1, 4) + 1)), replace=False))
+    given = [perm[a:b] for a, b in zip([0] + cuts, cuts + [m])]
+    out = run(RESTORE, {"mask": mask, "max_token_len": budget, "given_idx": given}, timeout=300)
     for name, dtype in (("values", "torch.float32"), ("ids", "torch.int64"), ("given", "torch.int32")):
         got = out[name]
         assert got["device"] == "cuda", (
             f"restore_dynamic_batch returned the {name} rows on {got['device']}; the result stays on the input's "
             f"device (the GPU)")
         assert got["dtype"] == dtype, f"restore_dynamic_batch returned {name} as {got['dtype']}, want {dtype}"
-    np.testing.assert_array_equal(out["values"]["data"], np.arange(17)[:, None] * 10.0 + np.arange(3)[None, :],
+    np.testing.assert_array_equal(out["values"]["data"], np.arange(n)[:, None] * 10.0 + np.arange(3)[None, :],
                                   err_msg="per-sample rows restored from the micro-batches")
-    np.testing.assert_array_equal(out["ids"]["data"], np.arange(17), err_msg="sample ids restored from the micro-batches")
-    np.testing.assert_array_equal(out["given"]["data"], np.arange(7) * 7,
+    np.testing.assert_array_equal(out["ids"]["data"], np.arange(n), err_msg="sample ids restored from the micro-batches")
+    np.testing.assert_array_equal(out["given"]["data"], np.arange(m) * 7,
                                   err_msg=f"rows concatenated in the order of {given}, restored")
 
 
@@ -178,17 +195,24 @@ emit(ranks=spawn_ranks(2, rank_fn, ARGS, 240))
 
 
 def test_ranks_of_a_process_group_get_the_same_number_of_micro_batches():
-    # Rank 0: 10 short samples (1 micro-batch on its own); rank 1: 12 long ones (5 on its own).
-    masks = [_mask(4, 10, 64, 2, 8), _mask(5, 12, 64, 40, 64)]
-    budget = 128
-    alone = [min(m.shape[0], math.ceil(int(m.sum()) / budget)) for m in masks]
-    assert alone[0] < alone[1]
+    rng = fresh()
+    width = int(rng.integers(32, 97))
+    budget = int(rng.integers(width, 2 * width + 1))
+    while True:
+        # one rank with a few short samples, the other with many long ones
+        masks = [_mask(rng, int(rng.integers(3, 12)), width, 1, max(1, width // 8)),
+                 _mask(rng, int(rng.integers(8, 17)), width, width // 2, width)]
+        if rng.random() < 0.5:
+            masks = masks[::-1]
+        alone = [min(m.shape[0], math.ceil(int(m.sum()) / budget)) for m in masks]
+        if alone[0] != alone[1]:
+            break
     # The ranks are forked from the driver, which imports verl first: the NVML check keeps that
     # import's torch.cuda.is_available() from initializing CUDA before the fork.
     out = run(RANKS, {"masks": masks, "max_token_len": budget}, timeout=300,
               env={"PYTORCH_NVML_BASED_CUDA_CHECK": "1"})["ranks"]
     for rank, (got, mask) in enumerate(zip(out, masks, strict=True)):
-        label = f"rank {rank} ({mask.shape[0]} samples, {int(mask.sum())} tokens)"
+        label = f"rank {rank} ({mask.shape[0]} samples, {int(mask.sum())} tokens, budget {budget})"
         assert len(got["idx"]) == max(alone) and len(got["pieces"]) == max(alone), (
             f"{label}: {len(got['pieces'])} micro-batches; under a process group every rank gets the largest count "
             f"any rank needs ({alone} on their own), so {max(alone)}")
@@ -200,7 +224,7 @@ def test_ranks_of_a_process_group_get_the_same_number_of_micro_batches():
 
 SPLIT = BUILD + r"""
 out = {}
-data = build(ARGS["mask"], "cuda", meta={"temperature": 0.7, "tag": "t"})
+data = build(ARGS["mask"], "cuda", meta=ARGS["meta"])
 for size in ARGS["sizes"]:
     out[str(size)] = [describe(p) for p in data.split(size)]
 emit(out=out)
@@ -208,15 +232,20 @@ emit(out=out)
 
 
 def test_split_cuts_consecutive_pieces_with_meta_info():
-    mask = _mask(6, 12, 16, 1, 16)
-    sizes = [4, 3, 12, 1]
-    out = run(SPLIT, {"mask": mask, "sizes": sizes}, timeout=300)["out"]
+    rng = fresh()
+    n = int(rng.choice([6, 8, 10, 12, 15, 16, 18, 20, 24]))
+    mask = _mask(rng, n, int(rng.integers(4, 33)), 1, 4)
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    sizes = [int(d) for d in rng.permutation(divisors)[:int(rng.integers(2, min(5, len(divisors)) + 1))]]
+    meta = {"temperature": float(np.round(rng.uniform(0.1, 2.0), 3)), "tag": "t%x" % int(rng.integers(1 << 32)),
+            "step": int(rng.integers(1 << 20))}
+    out = run(SPLIT, {"mask": mask, "sizes": sizes, "meta": meta}, timeout=300)["out"]
     for size in sizes:
         pieces = out[str(size)]
-        want = [list(range(s, s + size)) for s in range(0, 12, size)]
+        want = [list(range(s, s + size)) for s in range(0, n, size)]
         assert [p["rows"] for p in pieces] == want, (
-            f"split({size}) of 12 samples gave pieces holding {[p['rows'] for p in pieces]}, want {want}")
+            f"split({size}) of {n} samples gave pieces holding {[p['rows'] for p in pieces]}, want {want}")
         for k, (piece, rows) in enumerate(zip(pieces, want)):
             _check_piece(f"split({size})", k, piece, rows, mask)
-            assert piece["meta"] == {"temperature": 0.7, "tag": "t"}, (
-                f"split({size}): piece {k} carries meta_info {piece['meta']}, want the original's")
+            assert piece["meta"] == meta, (
+                f"split({size}): piece {k} carries meta_info {piece['meta']}, want the original's {meta}")

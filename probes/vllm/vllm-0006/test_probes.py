@@ -1,28 +1,33 @@
 """Hidden probes for vllm-0006 (weight-transfer API with an NCCL backend and packed broadcasts).
 
 The judge never imports vllm or torch. Each probe runs a driver in a child process and checks
-the plain data it sends back. Every tensor the drivers send or receive follows a formula of
-(tensor index, element index, round) that the judge evaluates itself, and the judge computes the
-chunks of the packed wire format from the instruction's rule, so every expected value below is
-the judge's own. The GPU drivers build test doubles for the broadcast group (recording or
-replaying the bytes), or, for the end-to-end probe, fork one process per GPU that joins a real
-NCCL group through the engine's own entry points."""
+the plain data it sends back. Every scenario is drawn fresh for each attempt: the tensors (how
+many, their names, dtypes, shapes, which are non-contiguous), the byte budget and buffer count,
+the source rank, the formula the tensors' values follow (small integers, exact in every dtype
+used here, (element * a + tensor * b + c) mod 61 - 30 with a, b, c drawn by the judge), the
+bytes the test-double groups hand to the consumer, the order of the updates, and the infos and
+configurations parsed. The judge computes the chunks of the packed wire format from the
+instruction's rule and the bytes they hold, so the values below are the judge's own; the memory
+probe compares the GPU memory the judge sees (NVML, from outside the child) with what it sees
+gold use on the same inputs. The GPU drivers build test doubles for the broadcast group
+(recording or replaying bytes), or, for the end-to-end probe, fork one process per GPU that
+joins a real NCCL group through the engine's own entry points."""
 
-import functools
+import json
 
 import numpy as np
 
-from infradev_probe import RANKS_PRELUDE, run
+from infradev_probe import RANKS_PRELUDE, fresh, measure, run
 
 # ---- the judge's reference: tensors, their bytes, and the chunking rule ----
 
 _ITEM = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "int8": 1}
+_MIB = 1 << 20
 
 
-def _values(index, numel, seed):
-    # Small integers: exact in every dtype used here.
+def _values(index, numel, f):
     i = np.arange(numel, dtype=np.int64)
-    return ((i * 7 + index * 13 + seed * 29) % 61 - 30).astype(np.float64)
+    return ((i * f["a"] + index * f["b"] + f["c"]) % 61 - 30).astype(np.float64)
 
 
 def _raw(dtype, values):
@@ -40,6 +45,10 @@ def _numel(shape):
     return n
 
 
+def _size(spec):
+    return _numel(spec["shape"]) * _ITEM[spec["dtype"]]
+
+
 def _chunks(sizes, budget):
     """The instruction's rule: close a chunk right after the tensor that brings its running size
     strictly above the budget; the rest is the last chunk."""
@@ -55,69 +64,124 @@ def _chunks(sizes, budget):
     return out
 
 
-def _expected_chunk_bytes(specs, budget, seed):
-    sizes = [_numel(s["shape"]) * _ITEM[s["dtype"]] for s in specs]
-    chunks = _chunks(sizes, budget)
-    blobs = []
-    for chunk in chunks:
-        blobs.append(b"".join(_raw(specs[i]["dtype"], _values(i, _numel(specs[i]["shape"]), seed))
-                              for i in chunk))
-    return chunks, blobs
+def _formula(rng):
+    return {"a": int(rng.integers(1, 61)), "b": int(rng.integers(1, 61)), "c": int(rng.integers(0, 61))}
 
 
-# Tensor specs for the wire-format probe: an exact fit (the chunk stays open), a tensor bigger than
-# the budget, small tensors of several dtypes, non-contiguous tensors on the producer's side.
-_BUDGET = 4096
-_WIRE = [
-    {"name": "a.weight", "shape": [32, 16], "dtype": "float32", "transposed": False},   # 2048 B
-    {"name": "a.bias", "shape": [512], "dtype": "float32", "transposed": False},        # 2048 B: exactly 4096
-    {"name": "b.weight", "shape": [24, 20], "dtype": "bfloat16", "transposed": True},   # 960 B: closes at 5056
-    {"name": "c.weight", "shape": [96, 64], "dtype": "float16", "transposed": False},   # 12288 B: alone
-    {"name": "d.idx", "shape": [300], "dtype": "int32", "transposed": False},           # 1200 B
-    {"name": "e.q", "shape": [40, 50], "dtype": "int8", "transposed": True},            # 2000 B
-    {"name": "f.scale", "shape": [7], "dtype": "float32", "transposed": False},         # 28 B
-    {"name": "g.weight", "shape": [30, 33], "dtype": "bfloat16", "transposed": False},  # 1980 B: closes at 5208
-    {"name": "h.weight", "shape": [10, 10], "dtype": "float16", "transposed": True},    # 200 B: the rest
-]
+def _shape_for(rng, numel):
+    """A random shape of 1 to 3 dimensions holding numel elements."""
+    dims = []
+    rest = numel
+    for _ in range(int(rng.integers(0, 3))):
+        divisors = [d for d in range(2, min(rest, 64) + 1) if rest % d == 0]
+        if not divisors:
+            break
+        d = int(rng.choice(divisors))
+        dims.append(d)
+        rest //= d
+    dims.append(rest)
+    return [int(v) for v in rng.permutation(dims)]
 
-_MIB = 1 << 20
-_BIG_COUNT = 128          # tensors of 1024 x 1024: 512 MiB in float32, 256 MiB once in bfloat16
-_BIG_BUDGET = 8 * _MIB
-_MEMORY_LIMIT = 96 * _MIB
+
+def _spec(rng, size, names, dtypes=("float32", "float16", "bfloat16", "int32", "int8"),
+          transposable=True):
+    """A tensor of exactly size bytes, of a dtype whose item size divides it."""
+    fits = [d for d in dtypes if size % _ITEM[d] == 0]
+    dtype = str(rng.choice(fits))
+    shape = _shape_for(rng, size // _ITEM[dtype])
+    transposed = bool(transposable and len(shape) == 2 and min(shape) > 1 and rng.integers(2))
+    name = f"model.layers.{len(names)}.{rng.choice(['q_proj', 'k_proj', 'mlp.up', 'mlp.down', 'norm', 'experts.w13'])}.{rng.choice(['weight', 'bias', 'scale'])}"
+    names.append(name)
+    return {"name": name, "shape": shape, "dtype": dtype, "transposed": transposed}
+
+
+def _wire_specs(rng, budget):
+    """Tensors that make chunks of every kind: one whose running size reaches the budget exactly
+    (it stays open and takes the next tensor), one tensor larger than the budget (a chunk of its
+    own), ordinary ones, and a last partial chunk."""
+    kinds = ["exact", "oversized"] + [str(k) for k in rng.choice(["exact", "oversized", "normal"], int(rng.integers(1, 4)))]
+    kinds = [kinds[i] for i in rng.permutation(len(kinds))]
+    specs, names = [], []
+    for kind in kinds:
+        if kind == "exact":
+            parts = int(rng.integers(2, 4))
+            cuts = sorted(int(v) for v in rng.choice(np.arange(1, budget // 4), parts - 1, replace=False))
+            sizes = [4 * (b - a) for a, b in zip([0] + cuts, cuts + [budget // 4])]
+            specs += [_spec(rng, s, names) for s in sizes]
+            specs.append(_spec(rng, 4 * int(rng.integers(1, budget // 16)), names))
+        elif kind == "oversized":
+            specs.append(_spec(rng, budget + 4 * int(rng.integers(1, budget // 2)), names))
+        else:
+            total = 0
+            while total <= budget:
+                s = 4 * int(rng.integers(1, budget // 8))
+                specs.append(_spec(rng, s, names))
+                total += s
+    for _ in range(int(rng.integers(0, 3))):  # the last, partial chunk (maybe none)
+        specs.append(_spec(rng, 4 * int(rng.integers(1, budget // 16)), names))
+    if not any(s["transposed"] for s in specs):
+        for s in specs:
+            if len(s["shape"]) == 2 and min(s["shape"]) > 1:
+                s["transposed"] = True
+                break
+        else:
+            specs.append({"name": f"model.extra.{len(names)}.weight", "shape": [4, 8], "dtype": "float32",
+                          "transposed": True})
+            names.append(specs[-1]["name"])
+    return specs
+
+
+def _exact_fit(sizes, budget):
+    """Whether some chunk's running size reaches the budget exactly before it closes."""
+    total = 0
+    for size in sizes:
+        total += size
+        if total == budget:
+            return True
+        if total > budget:
+            total = 0
+    return False
+
+
+def _blobs(specs, chunks, f):
+    return [b"".join(_raw(specs[i]["dtype"], _values(i, _numel(specs[i]["shape"]), f)) for i in chunk)
+            for chunk in chunks]
+
 
 _DRIVER_COMMON = r'''
+import os
+
+os.environ.setdefault("USER", "infradev-probe")  # torch's caches name a user; the probe's has none
+
 import torch
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "int32": torch.int32, "int8": torch.int8}
 
 
-def values(index, numel, seed):
+def values(index, numel, f):
     i = torch.arange(numel, dtype=torch.int64)
-    return ((i * 7 + index * 13 + seed * 29) % 61 - 30).to(torch.float64)
+    return ((i * f["a"] + index * f["b"] + f["c"]) % 61 - 30).to(torch.float64)
 
 
-def make(index, spec, seed, device):
+def make(index, spec, f, device):
     numel = 1
     for s in spec["shape"]:
         numel *= s
-    t = values(index, numel, seed).reshape(spec["shape"]).to(DTYPES[spec["dtype"]]).to(device)
+    t = values(index, numel, f).reshape(spec["shape"]).to(DTYPES[spec["dtype"]]).to(device)
     if spec.get("transposed"):
         # Same logical values, laid out column-major: a non-contiguous view.
         t = t.t().contiguous().t()
     return t
 '''
 
-
-def _wire_driver():
-    return _DRIVER_COMMON + r'''
+_WIRE_DRIVER = _DRIVER_COMMON + r'''
 from vllm.distributed.weight_transfer.packed_tensor import packed_broadcast_consumer, packed_broadcast_producer
 
-specs, seed, src = ARGS["specs"], ARGS["seed"], ARGS["src"]
+specs, f, src, nbuf = ARGS["specs"], ARGS["formula"], ARGS["src"], ARGS["num_buffers"]
 dev = torch.device("cuda", 0)
 torch.cuda.set_device(dev)
-items = [(s["name"], make(i, s, seed, dev)) for i, s in enumerate(specs)]
-assert any(not t.is_contiguous() for _, t in items)
+items = [(s["name"], make(i, s, f, dev)) for i, s in enumerate(specs)]
 
 
 class Recorder:
@@ -133,7 +197,7 @@ class Recorder:
 rec = Recorder()
 packed_broadcast_producer(iterator=iter(items), group=rec, src=src,
                           post_iter_func=lambda item: item[1], buffer_size_bytes=ARGS["budget"],
-                          num_buffers=2)
+                          num_buffers=nbuf)
 torch.cuda.synchronize()
 
 
@@ -166,36 +230,22 @@ def unpack(pairs):
 
 meta = [(s["name"], (list(s["shape"]), DTYPES[s["dtype"]])) for s in specs]
 packed_broadcast_consumer(iterator=iter(meta), group=rep, src=src, post_unpack_func=unpack,
-                          buffer_size_bytes=ARGS["budget"], num_buffers=2)
+                          buffer_size_bytes=ARGS["budget"], num_buffers=nbuf)
 torch.cuda.synchronize()
 emit(sent=rec.sent, requested=rep.requested, calls=calls)
 '''
 
-
-def _memory_driver():
-    return _DRIVER_COMMON + r'''
+_MEMORY_DRIVER = _DRIVER_COMMON + r'''
 from vllm.distributed.weight_transfer.packed_tensor import packed_broadcast_consumer, packed_broadcast_producer
 
 dev = torch.device("cuda", 0)
 torch.cuda.set_device(dev)
-count, budget = ARGS["count"], ARGS["budget"]
-# The model's weights stay resident, as in a trainer: 1024 x 1024 float32 each.
-weights = [(f"layers.{i}.weight", torch.full((1024, 1024), float(i % 50), device=dev))
-           for i in range(count)]
+count, rows, cols, budget = ARGS["count"], ARGS["rows"], ARGS["cols"], ARGS["budget"]
+cast = DTYPES[ARGS["cast"]]
+f = ARGS["formula"]
 
 
-class Counter:
-    def __init__(self, fill=False):
-        self.sizes = []
-        self.fill = fill
-
-    def broadcast(self, tensor, src=0, stream=None):
-        self.sizes.append(int(tensor.numel()) * tensor.element_size())
-        if self.fill:
-            tensor.fill_(len(self.sizes) % 7)
-
-
-def measure(fn):
+def measured(fn):
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated(dev)
     torch.cuda.reset_peak_memory_stats(dev)
@@ -204,37 +254,65 @@ def measure(fn):
     return int(torch.cuda.max_memory_allocated(dev) - base), int(torch.cuda.memory_allocated(dev) - base)
 
 
-producer_group = Counter()
-producer = measure(lambda: packed_broadcast_producer(
-    iterator=iter(weights), group=producer_group, src=0,
-    post_iter_func=lambda item: item[1].to(torch.bfloat16),
-    buffer_size_bytes=budget, num_buffers=2))
+if ARGS["side"] == "producer":
+    # The model's weights stay resident, as in a trainer (float32, made on the host).
+    weights = [(f"layers.{i}.weight", values(i, rows * cols, f).to(torch.float32).reshape(rows, cols).to(dev))
+               for i in range(count)]
+    offsets = ARGS["offsets"]
 
-received = {"count": 0, "bytes": 0, "shapes": set()}
+    class Sampler:
+        def __init__(self):
+            self.chunks = []
 
+        def broadcast(self, tensor, src=0, stream=None):
+            raw = tensor.reshape(-1).view(torch.uint8)
+            n = raw.numel()
+            k = len(self.chunks)
+            offs = [o % n for o in offsets[k % len(offsets)]] if n else []
+            picked = raw[torch.tensor(offs, dtype=torch.long, device=raw.device)].cpu().numpy() if offs else []
+            self.chunks.append({"size": int(n) * 1, "dtype": str(tensor.dtype), "offsets": offs,
+                                "bytes": picked})
 
-def unpack(pairs):
-    for name, t in pairs:
-        received["count"] += 1
-        received["bytes"] += t.numel() * t.element_size()
-        received["shapes"].add((tuple(t.shape), str(t.dtype)))
+    group = Sampler()
+    peak, kept = measured(lambda: packed_broadcast_producer(
+        iterator=iter(weights), group=group, src=0, post_iter_func=lambda item: item[1].to(cast),
+        buffer_size_bytes=budget, num_buffers=2))
+    emit(peak=peak, kept=kept, chunks=group.chunks)
+else:
+    pattern = ARGS["pattern"]
 
+    class Filler:
+        def __init__(self):
+            self.sizes = []
 
-consumer_group = Counter(fill=True)
-meta = ((f"layers.{i}.weight", ([1024, 1024], torch.bfloat16)) for i in range(count))
-consumer = measure(lambda: packed_broadcast_consumer(
-    iterator=meta, group=consumer_group, src=0, post_unpack_func=unpack,
-    buffer_size_bytes=budget, num_buffers=2))
+        def broadcast(self, tensor, src=0, stream=None):
+            k = len(self.sizes)
+            n = int(tensor.numel()) * tensor.element_size()
+            self.sizes.append(n)
+            v = (torch.arange(n, dtype=torch.int64) * pattern["a"] + k * pattern["b"] + pattern["c"]) % 256
+            tensor.view(-1).view(torch.uint8).copy_(v.to(torch.uint8))
 
-emit(producer_peak=producer[0], producer_kept=producer[1], producer_sent=sum(producer_group.sizes),
-     producer_chunks=len(producer_group.sizes), consumer_peak=consumer[0], consumer_kept=consumer[1],
-     consumer_received=received["bytes"], consumer_tensors=received["count"],
-     consumer_shapes=sorted([list(s[0]) + [s[1]] for s in received["shapes"]], key=str))
+    calls = []
+    picks = ARGS["picks"]
+
+    def unpack(pairs):
+        rec = []
+        for name, t in pairs:
+            bits = t.reshape(-1).view(torch.int16)
+            idx = [p % bits.numel() for p in picks]
+            rec.append({"name": name, "shape": list(t.shape), "dtype": str(t.dtype),
+                        "bits": bits[torch.tensor(idx, dtype=torch.long, device=bits.device)].cpu().numpy()})
+        calls.append(rec)
+
+    group = Filler()
+    meta = ((f"layers.{i}.weight", ([rows, cols], cast)) for i in range(count))
+    peak, kept = measured(lambda: packed_broadcast_consumer(
+        iterator=meta, group=group, src=0, post_unpack_func=unpack,
+        buffer_size_bytes=budget, num_buffers=2))
+    emit(peak=peak, kept=kept, sizes=group.sizes, calls=calls)
 '''
 
-
-def _e2e_driver():
-    return RANKS_PRELUDE + _DRIVER_COMMON + r'''
+_E2E_DRIVER = RANKS_PRELUDE + _DRIVER_COMMON + r'''
 import types
 
 
@@ -244,10 +322,10 @@ def trainer(port, args):
     group = NCCLWeightTransferEngine.trainer_init(
         dict(master_address="127.0.0.1", master_port=port, world_size=args["world"]))
     for rnd in args["rounds"]:
-        items = [(s["name"], make(i, s, rnd["seed"], dev)) for i, s in enumerate(rnd["specs"])]
+        items = [(s["name"], make(i, s, rnd["formula"], dev)) for i, s in enumerate(rnd["specs"])]
         NCCLWeightTransferEngine.trainer_send_weights(
             iter(items), group, packed=rnd["packed"],
-            packed_buffer_size_bytes=rnd["budget"], packed_num_buffers=2)
+            packed_buffer_size_bytes=rnd["budget"], packed_num_buffers=rnd["num_buffers"])
         torch.cuda.synchronize()
     return {"done": True}
 
@@ -255,8 +333,8 @@ def trainer(port, args):
 def receiver(rank, port, args):
     from vllm.config import WeightTransferConfig
     from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine, NCCLWeightTransferInitInfo, NCCLWeightTransferUpdateInfo
-    # One worker per data-parallel replica: replica rank - 1, TP x PP = 1.
-    parallel = types.SimpleNamespace(rank=0, world_size=1, data_parallel_rank=rank - 1)
+    # One worker per data-parallel replica (TP x PP = 1); which process is which replica is drawn.
+    parallel = types.SimpleNamespace(rank=0, world_size=1, data_parallel_rank=args["dp_ranks"][rank - 1])
     engine = NCCLWeightTransferEngine(WeightTransferConfig(backend="nccl"), parallel)
     engine.init_transfer_engine(NCCLWeightTransferInitInfo(
         master_address="127.0.0.1", master_port=port, rank_offset=1, world_size=args["world"]))
@@ -265,7 +343,7 @@ def receiver(rank, port, args):
         got, calls = {}, []
 
         def load(pairs):
-            calls.append(len(pairs))
+            calls.append([name for name, _ in pairs])
             for name, t in pairs:
                 got[name] = {"dtype": str(t.dtype), "shape": list(t.shape),
                              "values": t.detach().to(torch.float64).cpu().numpy().copy()}
@@ -274,7 +352,8 @@ def receiver(rank, port, args):
             names=[s["name"] for s in rnd["specs"]],
             dtype_names=[s["dtype"] for s in rnd["specs"]],
             shapes=[list(s["shape"]) for s in rnd["specs"]],
-            packed=rnd["packed"], packed_buffer_size_bytes=rnd["budget"], packed_num_buffers=2)
+            packed=rnd["packed"], packed_buffer_size_bytes=rnd["budget"],
+            packed_num_buffers=rnd["num_buffers"])
         engine.receive_weights(info, load_weights=load)
         torch.cuda.synchronize()
         out.append({"got": got, "calls": calls})
@@ -291,8 +370,11 @@ emit(ranks=spawn_ranks(ARGS["world"], rank_main, ARGS, ARGS["timeout"]))
 
 
 _INTERFACE_DRIVER = r'''
+import os
 import sys
 import types
+
+os.environ.setdefault("USER", "infradev-probe")
 
 import vllm.distributed.weight_transfer as wt
 lazy = "vllm.distributed.weight_transfer.nccl_engine" not in sys.modules
@@ -301,108 +383,89 @@ from vllm.config import WeightTransferConfig
 from vllm.distributed.weight_transfer import WeightTransferEngineFactory
 from vllm.distributed.weight_transfer.base import WeightTransferUpdateInfo
 from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine, NCCLWeightTransferInitInfo, NCCLWeightTransferUpdateInfo
-from vllm.distributed.weight_transfer.packed_tensor import DEFAULT_PACKED_BUFFER_SIZE_BYTES, DEFAULT_PACKED_NUM_BUFFERS
 from vllm.engine.arg_utils import EngineArgs
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 
-def raises(fn, kind):
+def outcome(fn):
     try:
-        fn()
+        return fn()
+    except ValueError:
+        return "ValueError"
+    except RuntimeError:
+        return "RuntimeError"
     except BaseException as e:
-        return type(e).__name__ if not isinstance(e, kind) else kind.__name__
-    return "nothing"
+        import traceback
+        traceback.print_exc()
+        return type(e).__name__
 
 
+FIELDS = ("names", "dtype_names", "shapes", "packed", "packed_buffer_size_bytes",
+          "packed_num_buffers", "is_checkpoint_format")
 parallel = types.SimpleNamespace(rank=0, world_size=1, data_parallel_rank=0)
 engine = WeightTransferEngineFactory.create_engine(WeightTransferConfig(), parallel)
-init = engine.parse_init_info({"master_address": "10.0.0.1", "master_port": 29511,
-                               "rank_offset": 1, "world_size": 3})
-update = engine.parse_update_info({"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[2, 3]],
-                                   "packed": True})
-plain = NCCLWeightTransferUpdateInfo(names=[], dtype_names=[], shapes=[])
 
-# A local directory as the model: nothing is looked up in the (offline) hub.
-from_dict = EngineArgs(model="/tmp", weight_transfer_config={"backend": "nccl"}).weight_transfer_config
-parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
-cli = EngineArgs.from_cli_args(parser.parse_args(
-    ["--model", "/tmp", "--weight-transfer-config", '{"backend": "nccl"}'])).weight_transfer_config
+
+def init_fields(d):
+    i = engine.parse_init_info(d)
+    return [type(i).__name__, i.master_address, i.master_port, i.rank_offset, i.world_size]
+
+
+def update_fields(d):
+    u = engine.parse_update_info(d)
+    return [type(u).__name__, isinstance(u, WeightTransferUpdateInfo)] + [getattr(u, k) for k in FIELDS]
+
+
+def direct_fields(d):
+    u = NCCLWeightTransferUpdateInfo(**d)
+    return [getattr(u, k) for k in FIELDS]
+
+
+def registration(r):
+    if r["how"] == "class":
+        WeightTransferEngineFactory.register_engine(r["name"], NCCLWeightTransferEngine)
+    elif r["how"] == "path":
+        WeightTransferEngineFactory.register_engine(r["name"], r["module"], r["class_name"])
+    else:
+        WeightTransferEngineFactory.register_engine(r["name"], r["module"])
+    return "registered"
+
+
+def created(name):
+    e = WeightTransferEngineFactory.create_engine(types.SimpleNamespace(backend=name), parallel)
+    return [type(e).__name__, e.parallel_config is parallel]
+
+
+_parser = []
+
+
+def engine_args(c):
+    if c["kind"] == "cli":
+        if not _parser:
+            _parser.append(EngineArgs.add_cli_args(FlexibleArgumentParser()))
+        parser = _parser[0]
+        argv = ["--model", "/tmp", "--weight-transfer-config", c["json"]]
+        w = EngineArgs.from_cli_args(parser.parse_args(argv)).weight_transfer_config
+    else:
+        given = {"dict": {"backend": "nccl"}, "config": WeightTransferConfig(), "none": None}[c["kind"]]
+        # A local directory as the model: nothing is looked up in the (offline) hub.
+        w = EngineArgs(model="/tmp", weight_transfer_config=given).weight_transfer_config
+    return [type(w).__name__, getattr(w, "backend", None)]
+
 
 emit(
     lazy=lazy,
-    default_backend=WeightTransferConfig().backend,
-    engine_is_nccl=isinstance(engine, NCCLWeightTransferEngine),
-    init_typed=isinstance(init, NCCLWeightTransferInitInfo),
-    init_fields=[init.master_address, init.master_port, init.rank_offset, init.world_size],
-    update_typed=isinstance(update, NCCLWeightTransferUpdateInfo),
-    update_fields=[update.names, update.dtype_names, update.shapes, update.packed,
-                   update.is_checkpoint_format],
-    defaults=[plain.packed, plain.packed_buffer_size_bytes, plain.packed_num_buffers,
-              plain.is_checkpoint_format, DEFAULT_PACKED_BUFFER_SIZE_BYTES, DEFAULT_PACKED_NUM_BUFFERS],
-    update_is_base=isinstance(plain, WeightTransferUpdateInfo),
-    missing_key=raises(lambda: engine.parse_init_info({"master_address": "x"}), ValueError),
-    unknown_key=raises(lambda: engine.parse_update_info(
-        {"names": [], "dtype_names": [], "shapes": [], "bogus": 1}), ValueError),
-    short_dtypes=raises(lambda: NCCLWeightTransferUpdateInfo(
-        names=["a", "b"], dtype_names=["float32"], shapes=[[1], [2]]), ValueError),
-    short_shapes=raises(lambda: NCCLWeightTransferUpdateInfo(
-        names=["a", "b"], dtype_names=["float32", "float32"], shapes=[[1]]), ValueError),
-    duplicate=raises(lambda: WeightTransferEngineFactory.register_engine(
-        "nccl", NCCLWeightTransferEngine), ValueError),
-    no_class_name=raises(lambda: WeightTransferEngineFactory.register_engine(
-        "probe-only", "some.module"), ValueError),
-    receive_first=raises(lambda: engine.receive_weights(update, lambda pairs: None), RuntimeError),
-    from_dict=[type(from_dict).__name__, getattr(from_dict, "backend", None)],
-    from_cli=[type(cli).__name__, getattr(cli, "backend", None)],
+    engine=type(engine).__name__,
+    inits=[outcome(lambda: init_fields(d)) for d in ARGS["inits"]],
+    updates=[outcome(lambda: update_fields(d)) for d in ARGS["updates"]],
+    directs=[outcome(lambda: direct_fields(d)) for d in ARGS["directs"]],
+    registrations=[outcome(lambda: registration(r)) for r in ARGS["registrations"]],
+    creations=[outcome(lambda: created(n)) for n in ARGS["creations"]],
+    receive_first=outcome(lambda: engine.receive_weights(
+        NCCLWeightTransferUpdateInfo(names=[], dtype_names=[], shapes=[]), lambda pairs: None)),
+    engine_args=[outcome(lambda: engine_args(c)) for c in ARGS["engine_args"]],
 )
 '''
-
-
-# ---- scenarios, each run once ----
-
-@functools.lru_cache(maxsize=None)
-def _wire():
-    chunks, blobs = _expected_chunk_bytes(_WIRE, _BUDGET, seed=3)
-    arrays = [np.frombuffer(b, dtype=np.uint8).copy() for b in blobs]
-    out = run(_wire_driver(), {"specs": _WIRE, "seed": 3, "src": 0, "budget": _BUDGET, "blobs": arrays},
-              timeout=300)
-    return chunks, blobs, out
-
-
-@functools.lru_cache(maxsize=None)
-def _memory():
-    return run(_memory_driver(), {"count": _BIG_COUNT, "budget": _BIG_BUDGET}, timeout=300)
-
-
-def _rounds():
-    packed = [
-        {"name": f"model.layers.{i}.{k}", "shape": shape, "dtype": dtype, "transposed": tr}
-        for i, (k, shape, dtype, tr) in enumerate([
-            ("q_proj.weight", [64, 96], "bfloat16", True),
-            ("q_proj.bias", [64], "bfloat16", False),
-            ("mlp.up.weight", [256, 96], "bfloat16", False),
-            ("mlp.down.weight", [96, 256], "float32", True),
-            ("norm.weight", [96], "float32", False),
-            ("experts.w13", [4, 32, 96], "float16", False),
-            ("router.bias", [13], "float32", False),
-            ("lm_head.weight", [300, 96], "bfloat16", False),
-        ])
-    ]
-    plain = [dict(s, transposed=False) for s in packed[:5]] + [
-        {"name": "model.extra.idx", "shape": [17], "dtype": "int32", "transposed": False}]
-    return [
-        {"specs": packed, "seed": 1, "packed": True, "budget": 24 * 1024},
-        {"specs": plain, "seed": 2, "packed": False, "budget": 24 * 1024},
-        {"specs": packed, "seed": 5, "packed": True, "budget": 40 * 1024},
-    ]
-
-
-_ROUNDS = _rounds()
-
-
-@functools.lru_cache(maxsize=None)
-def _e2e():
-    return run(_e2e_driver(), {"world": 3, "rounds": _ROUNDS, "timeout": 180}, timeout=260)["ranks"]
 
 
 # ---- probes ----
@@ -411,109 +474,323 @@ def test_packed_chunks_follow_the_wire_format():
     # The producer sends one 1-D uint8 broadcast per chunk, chunks cut by the instruction's rule,
     # holding the tensors' row-major bytes in order; the consumer asks for exactly those chunks and
     # hands each chunk's tensors to post_unpack_func in one call.
-    chunks, blobs, out = _wire()
+    rng = fresh()
+    budget = 8 * int(rng.integers(128, 1025))
+    specs = _wire_specs(rng, budget)
+    f = _formula(rng)
+    chunks = _chunks([_size(s) for s in specs], budget)
+    blobs = _blobs(specs, chunks, f)
+    src = int(rng.integers(0, 8))
+    nbuf = int(rng.integers(1, 4))
+    arrays = [np.frombuffer(b, dtype=np.uint8).copy() for b in blobs]
+    out = run(_WIRE_DRIVER, {"specs": specs, "formula": f, "src": src, "budget": budget,
+                             "num_buffers": nbuf, "blobs": arrays}, timeout=300)
     sent = out["sent"]
     sizes = [len(b) for b in blobs]
-    assert len(sent) == len(blobs), (
+    assert isinstance(sent, list) and len(sent) == len(blobs), (
         f"the producer made {len(sent)} broadcasts of {[len(s['bytes']) for s in sent]} bytes; "
         f"the wire format cuts these tensors into {len(blobs)} chunks of {sizes} bytes "
-        f"(budget {_BUDGET}: a chunk closes after the tensor that takes it strictly above the budget)")
+        f"(budget {budget}: a chunk closes after the tensor that takes it strictly above the budget)")
     for k, (s, want) in enumerate(zip(sent, blobs)):
         assert s["dtype"] == "torch.uint8" and s["dim"] == 1, (
             f"broadcast {k} sends a {s['dim']}-D {s['dtype']} tensor, want 1-D torch.uint8")
-        assert s["src"] == 0, f"broadcast {k} names source rank {s['src']}, want 0"
-        got = np.asarray(s["bytes"], dtype=np.uint8)
+        assert s["src"] == src, f"broadcast {k} names source rank {s['src']}, want {src}"
+        got = s["bytes"]
+        assert isinstance(got, np.ndarray) and got.dtype == np.uint8, f"broadcast {k}: no bytes came back"
         assert got.size == len(want), f"broadcast {k} holds {got.size} bytes, want {len(want)}"
         bad = np.nonzero(got != np.frombuffer(want, dtype=np.uint8))[0]
         assert bad.size == 0, (
-            f"broadcast {k} (tensors {[_WIRE[i]['name'] for i in chunks[k]]}): {bad.size} bytes differ "
+            f"broadcast {k} (tensors {[specs[i]['name'] for i in chunks[k]]}): {bad.size} bytes differ "
             f"from the tensors' row-major bytes, first at byte {int(bad[0])}")
     req = out["requested"]
     assert [r["numel"] for r in req] == sizes, (
         f"the consumer received chunks of {[r['numel'] for r in req]} bytes, want {sizes}")
-    assert all(r["dtype"] == "torch.uint8" for r in req), f"consumer buffers: {[r['dtype'] for r in req]}"
+    assert all(r["dtype"] == "torch.uint8" and r["src"] == src for r in req), (
+        f"consumer buffers: {[(r['dtype'], r['src']) for r in req]}, want torch.uint8 from {src}")
     calls = out["calls"]
-    want_names = [[_WIRE[i]["name"] for i in chunk] for chunk in chunks]
+    want_names = [[specs[i]["name"] for i in chunk] for chunk in chunks]
     assert [[e["name"] for e in c] for c in calls] == want_names, (
         f"post_unpack_func got {[[e['name'] for e in c] for c in calls]}, want one call per chunk: {want_names}")
-    for c in calls:
-        for e in c:
-            i = next(j for j, s in enumerate(_WIRE) if s["name"] == e["name"])
-            spec = _WIRE[i]
+    for chunk, c in zip(chunks, calls):
+        for i, e in zip(chunk, c):
+            spec = specs[i]
             assert e["dtype"] == "torch." + spec["dtype"] and e["shape"] == spec["shape"], (
                 f"{e['name']}: unpacked as {e['dtype']} {e['shape']}, want torch.{spec['dtype']} {spec['shape']}")
-            want = _values(i, _numel(spec["shape"]), 3).reshape(spec["shape"])
-            assert np.array_equal(np.asarray(e["values"]), want), f"{e['name']}: unpacked values differ"
+            want = _values(i, _numel(spec["shape"]), f).reshape(spec["shape"])
+            assert isinstance(e["values"], np.ndarray) and np.array_equal(e["values"], want), (
+                f"{e['name']}: unpacked values differ")
+
+
+def _memory_args(rng):
+    rows = 1024
+    cols = int(rng.integers(896, 1153))
+    count = int(rng.integers(128, 161))
+    budget = int(rng.integers(4 * _MIB, 8 * _MIB + 1)) // 64 * 64
+    if budget % (rows * cols * 2) == 0:
+        budget += 64  # no chunk fits the budget exactly: that boundary case is the wire-format probe's
+    cast = str(rng.choice(["bfloat16", "float16"]))
+    return {"rows": rows, "cols": cols, "count": count, "budget": budget, "cast": cast,
+            "formula": _formula(rng)}
+
+
+def _nvml_bound(side, args, usage, gold):
+    assert gold.gpu_peak_bytes is not None and usage.gpu_peak_bytes is not None, \
+        "probe setup: NVML gave no GPU memory figures"
+    slack = 4 * args["budget"] + 16 * _MIB  # the buffers and the tensors they were made from
+    total = args["count"] * args["rows"] * args["cols"] * 2
+    assert usage.gpu_peak_bytes <= gold.gpu_peak_bytes + slack, (
+        f"NVML shows the {side} child using {usage.gpu_peak_bytes / _MIB:.0f} MiB of GPU memory, "
+        f"{(usage.gpu_peak_bytes - gold.gpu_peak_bytes) / _MIB:.0f} MiB more than gold on the same "
+        f"{total / _MIB:.0f} MiB sent in {args['budget'] / _MIB:.1f} MiB chunks over 2 buffers "
+        f"(allowed {slack / _MIB:.0f} MiB more): it must work chunk by chunk")
+
+
+def _child_figures(side, out, args):
+    limit = 12 * args["budget"]
+    peak, kept = out["peak"], out["kept"]
+    assert isinstance(peak, int) and peak < limit, (
+        f"the {side} allocated {peak / _MIB:.0f} MiB of GPU memory at its peak while sending "
+        f"{args['count']} tensors in {args['budget'] / _MIB:.1f} MiB chunks over 2 buffers (limit "
+        f"{limit / _MIB:.0f} MiB)")
+    assert isinstance(kept, int) and kept <= _MIB, f"the {side} left {kept / _MIB:.1f} MiB allocated after returning"
+
+
+def _bits16(values, cast):
+    v = values.astype(np.float32)
+    if cast == "bfloat16":
+        return (v.view(np.uint32) >> 16).astype(np.uint16).view(np.int16)
+    return v.astype(np.float16).view(np.int16)
 
 
 def test_packing_memory_is_bounded_by_the_buffers():
-    # 128 weights of 1024 x 1024 (256 MiB once cast to bfloat16 by post_iter_func), 8 MiB chunks,
-    # two buffers: neither side may hold GPU memory that grows with the model, nor keep any.
-    out = _memory()
-    total = _BIG_COUNT * 1024 * 1024 * 2
-    assert out["producer_sent"] == total, f"the producer sent {out['producer_sent']} bytes, want {total}"
-    assert out["consumer_received"] == total and out["consumer_tensors"] == _BIG_COUNT, (
-        f"the consumer unpacked {out['consumer_tensors']} tensors, {out['consumer_received']} bytes")
-    assert out["consumer_shapes"] == [[1024, 1024, "torch.bfloat16"]], f"shapes {out['consumer_shapes']}"
-    for side in ("producer", "consumer"):
-        peak, kept = out[f"{side}_peak"], out[f"{side}_kept"]
-        assert peak < _MEMORY_LIMIT, (
-            f"the {side} allocated {peak / _MIB:.0f} MiB of GPU memory at its peak while sending "
-            f"{total / _MIB:.0f} MiB in {_BIG_BUDGET / _MIB:.0f} MiB chunks over 2 buffers: it must work "
-            f"chunk by chunk (limit {_MEMORY_LIMIT / _MIB:.0f} MiB)")
-        assert kept <= _MIB, f"the {side} left {kept / _MIB:.1f} MiB allocated after returning"
+    # Well over a hundred weights of 1024 x ~1000 (hundreds of MiB once post_iter_func casts them
+    # to 16 bits), chunks of a few MiB, two buffers: neither side may hold GPU memory that grows
+    # with the model, nor keep any. NVML (the judge's figure) against gold on the same inputs,
+    # the child's allocator against a dozen chunks; the chunks and what is unpacked are checked
+    # at judge-drawn places.
+    rng = fresh()
+    args = _memory_args(rng)
+    rows, cols, count, budget, cast = (args[k] for k in ("rows", "cols", "count", "budget", "cast"))
+    size = rows * cols * 2
+    chunks = _chunks([size] * count, budget)
+    offsets = [[int(v) for v in rng.integers(0, 1 << 40, 12)] for _ in range(8)]
+    picks = [int(v) for v in rng.integers(0, 1 << 40, 6)]
+    pattern = {"a": int(rng.integers(1, 256)) | 1, "b": int(rng.integers(0, 256)), "c": int(rng.integers(0, 256))}
+
+    # Producer: every chunk's size and its bytes at judge-drawn offsets.
+    prod = dict(args, side="producer", offsets=offsets)
+    _, gold = measure(_MEMORY_DRIVER, prod, timeout=600, gpu=True, repository="reference")
+    out, usage = measure(_MEMORY_DRIVER, prod, timeout=600, gpu=True)
+    _nvml_bound("producer", args, usage, gold)
+    _child_figures("producer", out, args)
+    got = out["chunks"]
+    assert isinstance(got, list) and [c["size"] for c in got] == [size * len(c) for c in chunks], (
+        f"the producer sent chunks of {[c['size'] for c in got][:8]}... bytes, want "
+        f"{[size * len(c) for c in chunks][:8]}... ({len(chunks)} chunks)")
+    for k, (chunk, c) in enumerate(zip(chunks, got)):
+        assert c["dtype"] == "torch.uint8", f"chunk {k} is sent as {c['dtype']}"
+        offs = [o % (size * len(chunk)) for o in offsets[k % len(offsets)]]
+        assert c["offsets"] == offs, f"chunk {k}: the driver sampled other offsets"
+        want = []
+        fm = args["formula"]
+        for o in offs:
+            i = chunk[o // size]
+            within = o % size
+            v = np.array([((within // 2) * fm["a"] + i * fm["b"] + fm["c"]) % 61 - 30], dtype=np.float64)
+            want.append(int(_bits16(v, cast).view(np.uint8)[within % 2]))
+        assert isinstance(c["bytes"], np.ndarray) and c["bytes"].tolist() == want, (
+            f"chunk {k} (weights {chunk[0]}..{chunk[-1]}): bytes at {offs[:4]}... are "
+            f"{np.asarray(c['bytes']).tolist()[:4]}..., want {want[:4]}...")
+
+    # Consumer: the chunks it asks for, and the tensors it unpacks at judge-drawn elements.
+    cons = dict(args, side="consumer", pattern=pattern, picks=picks)
+    _, gold = measure(_MEMORY_DRIVER, cons, timeout=600, gpu=True, repository="reference")
+    out, usage = measure(_MEMORY_DRIVER, cons, timeout=600, gpu=True)
+    _nvml_bound("consumer", args, usage, gold)
+    _child_figures("consumer", out, args)
+    assert out["sizes"] == [size * len(c) for c in chunks], (
+        f"the consumer received chunks of {out['sizes'][:8]}... bytes, want {[size * len(c) for c in chunks][:8]}...")
+    calls = out["calls"]
+    assert isinstance(calls, list) and len(calls) == len(chunks), (
+        f"post_unpack_func called {len(calls)} times, want once per chunk ({len(chunks)})")
+    for k, (chunk, call) in enumerate(zip(chunks, calls)):
+        assert [e["name"] for e in call] == [f"layers.{i}.weight" for i in chunk], f"chunk {k}: tensors {[e['name'] for e in call]}"
+        for j, (i, e) in enumerate(zip(chunk, call)):
+            assert e["shape"] == [rows, cols] and e["dtype"] == "torch." + cast, f"{e['name']}: {e['dtype']} {e['shape']}"
+            idx = [p % (rows * cols) for p in picks]
+            start = j * size
+            want = []
+            for p in idx:
+                lo = (start + 2 * p) * pattern["a"] + k * pattern["b"] + pattern["c"]
+                b0, b1 = lo % 256, (lo + pattern["a"]) % 256
+                want.append(int(np.array([b0 | (b1 << 8)], dtype=np.uint16).view(np.int16)[0]))
+            assert isinstance(e["bits"], np.ndarray) and e["bits"].tolist() == want, (
+                f"{e['name']} (chunk {k}): elements at {idx[:3]}... hold {np.asarray(e['bits']).tolist()[:3]}..., "
+                f"want the chunk's bytes {want[:3]}...")
+
+
+def _e2e_rounds(rng):
+    kinds = [True, False] + [bool(v) for v in rng.integers(0, 2, int(rng.integers(0, 3)))]
+    kinds = [kinds[i] for i in rng.permutation(len(kinds))]
+    rounds = []
+    for packed in kinds:
+        budget = 1024 * int(rng.integers(4, 49))
+        while True:
+            # No chunk fits the budget exactly: that boundary case is the wire-format probe's.
+            names, specs = [], []
+            for _ in range(int(rng.integers(4, 11))):
+                size = 4 * int(rng.integers(4, budget // 2))
+                specs.append(_spec(rng, size, names, ("float32", "float16", "bfloat16", "int32"),
+                                   transposable=packed))
+            if not _exact_fit([_size(s) for s in specs], budget):
+                break
+        rounds.append({"specs": specs, "formula": _formula(rng), "packed": packed, "budget": budget,
+                       "num_buffers": int(rng.integers(1, 4))})
+    return rounds
 
 
 def test_nccl_engine_syncs_every_data_parallel_replica():
     # A trainer (group rank 0) and two data-parallel replicas joined through init_transfer_engine
-    # with rank_offset 1: each replica must take its own rank; three updates (packed, one tensor per
-    # broadcast, packed with another budget) reach both replicas with the trainer's exact values.
-    ranks = _e2e()
+    # with rank_offset 1: each replica must take its own rank; the updates (packed, one tensor per
+    # broadcast, in a drawn order and with drawn budgets) reach both replicas with the trainer's
+    # exact values.
+    rng = fresh()
+    rounds = _e2e_rounds(rng)
+    dp_ranks = [int(v) for v in rng.permutation(2)]
+    ranks = run(_E2E_DRIVER, {"world": 3, "rounds": rounds, "dp_ranks": dp_ranks, "timeout": 180},
+                timeout=260)["ranks"]
+    assert isinstance(ranks, list) and len(ranks) == 3, "the driver sent no result for every rank"
     for rank in (1, 2):
-        rounds = ranks[rank]
-        assert len(rounds) == len(_ROUNDS), f"replica {rank} received {len(rounds)} updates"
-        for n, (rnd, got) in enumerate(zip(_ROUNDS, rounds)):
+        got_rounds = ranks[rank]
+        assert isinstance(got_rounds, list) and len(got_rounds) == len(rounds), (
+            f"replica {rank} received {len(got_rounds)} updates, want {len(rounds)}")
+        for n, (rnd, got) in enumerate(zip(rounds, got_rounds)):
             specs = rnd["specs"]
             names = [s["name"] for s in specs]
-            assert sorted(got["got"]) == sorted(names), (
-                f"replica {rank}, update {n}: load_weights got {sorted(got['got'])}, want {sorted(names)}")
-            if not rnd["packed"]:
-                assert got["calls"] == [1] * len(specs), (
-                    f"replica {rank}, update {n} (not packed): load_weights calls of sizes {got['calls']}, "
-                    f"want one tensor per call")
+            if rnd["packed"]:
+                want_calls = [[names[i] for i in c] for c in _chunks([_size(s) for s in specs], rnd["budget"])]
             else:
-                sizes = [_numel(s["shape"]) * _ITEM[s["dtype"]] for s in specs]
-                want_calls = [len(c) for c in _chunks(sizes, rnd["budget"])]
-                assert got["calls"] == want_calls, (
-                    f"replica {rank}, update {n} (packed): load_weights calls of sizes {got['calls']}, "
-                    f"want one call per chunk: {want_calls}")
+                want_calls = [[name] for name in names]
+            assert got["calls"] == want_calls, (
+                f"replica {rank}, update {n} ({'packed' if rnd['packed'] else 'not packed'}): load_weights "
+                f"calls {got['calls']}, want {want_calls}")
             for i, s in enumerate(specs):
                 e = got["got"][s["name"]]
                 assert e["dtype"] == "torch." + s["dtype"] and e["shape"] == s["shape"], (
                     f"replica {rank}, update {n}, {s['name']}: {e['dtype']} {e['shape']}")
-                want = _values(i, _numel(s["shape"]), rnd["seed"]).reshape(s["shape"])
-                got_v = np.asarray(e["values"])
+                want = _values(i, _numel(s["shape"]), rnd["formula"]).reshape(s["shape"])
+                got_v = e["values"]
+                assert isinstance(got_v, np.ndarray) and got_v.shape == want.shape
                 bad = int(np.count_nonzero(got_v != want))
                 assert bad == 0, f"replica {rank}, update {n}, {s['name']}: {bad} values differ from the trainer's"
 
 
+_DEFAULTS = {"packed": False, "packed_buffer_size_bytes": 1 << 30, "packed_num_buffers": 2,
+             "is_checkpoint_format": True}
+_UFIELDS = ("names", "dtype_names", "shapes", "packed", "packed_buffer_size_bytes",
+            "packed_num_buffers", "is_checkpoint_format")
+
+
+def _update_dict(rng, n):
+    names = [f"w{int(v)}" for v in rng.choice(10000, n, replace=False)]
+    d = {"names": names,
+         "dtype_names": [str(rng.choice(["bfloat16", "float16", "float32", "int32"])) for _ in names],
+         "shapes": [[int(x) for x in rng.integers(1, 9, int(rng.integers(1, 4)))] for _ in names]}
+    for k, v in (("packed", bool(rng.integers(2))), ("packed_buffer_size_bytes", int(rng.integers(1, 1 << 31))),
+                 ("packed_num_buffers", int(rng.integers(1, 5))), ("is_checkpoint_format", bool(rng.integers(2)))):
+        if rng.integers(2):
+            d[k] = v
+    return d
+
+
+def _interface_args(rng):
+    tag = int(rng.integers(1 << 30))
+    inits, init_want = [], []
+    for _ in range(int(rng.integers(3, 6))):
+        d = {"master_address": f"10.{int(rng.integers(256))}.{int(rng.integers(256))}.{int(rng.integers(1, 255))}",
+             "master_port": int(rng.integers(1024, 65536)), "rank_offset": int(rng.integers(0, 8)),
+             "world_size": int(rng.integers(2, 64))}
+        bad = int(rng.integers(3))
+        if bad == 1:
+            del d[str(rng.choice(sorted(d)))]
+        elif bad == 2:
+            d[f"bogus_{int(rng.integers(1000))}"] = 1
+        inits.append(d)
+        init_want.append("ValueError" if bad else
+                         ["NCCLWeightTransferInitInfo", d["master_address"], d["master_port"], d["rank_offset"], d["world_size"]])
+    updates, update_want = [], []
+    for _ in range(int(rng.integers(4, 8))):
+        d = _update_dict(rng, int(rng.integers(1, 5)))
+        bad = int(rng.integers(4))
+        if bad == 1:
+            del d[str(rng.choice(["names", "dtype_names", "shapes"]))]
+        elif bad == 2:
+            d[f"unknown_{int(rng.integers(1000))}"] = True
+        elif bad == 3:
+            key = str(rng.choice(["dtype_names", "shapes"]))
+            d[key] = d[key][:-1] if rng.integers(2) or len(d[key]) > 3 else d[key] + d[key][:1]
+        updates.append(d)
+        update_want.append("ValueError" if bad else
+                           ["NCCLWeightTransferUpdateInfo", True] + [d.get(k, _DEFAULTS.get(k)) for k in _UFIELDS])
+    updates.insert(0, _update_dict(rng, 1))
+    update_want.insert(0, ["NCCLWeightTransferUpdateInfo", True] + [updates[0].get(k, _DEFAULTS.get(k)) for k in _UFIELDS])
+    directs, direct_want = [], []
+    for _ in range(int(rng.integers(2, 5))):
+        d = _update_dict(rng, int(rng.integers(1, 5)))
+        if rng.integers(2):
+            key = str(rng.choice(["dtype_names", "shapes"]))
+            d[key] = d[key][:-1] if len(d[key]) > 1 and rng.integers(2) else d[key] + d[key][:1]
+            direct_want.append("ValueError")
+        else:
+            direct_want.append([d.get(k, _DEFAULTS.get(k)) for k in _UFIELDS])
+        directs.append(d)
+    names = [f"probe-{tag}-{i}" for i in range(4)]
+    nccl_path = {"module": "vllm.distributed.weight_transfer.nccl_engine", "class_name": "NCCLWeightTransferEngine"}
+    regs = [({"how": "class", "name": names[0]}, "first"),
+            (dict(nccl_path, how="path", name=names[1]), "first"),
+            ({"how": "path-only", "name": names[2], "module": f"some.module{tag}"}, "ValueError"),
+            ({"how": "class", "name": "nccl"}, "ValueError"),
+            ({"how": "class", "name": names[0]}, "first"),
+            (dict(nccl_path, how="path", name=names[1]), "first")]
+    registrations, registrations_want, seen = [], [], set()
+    for i in rng.permutation(len(regs)):
+        r, w = regs[int(i)]
+        if w == "first":
+            w = "ValueError" if r["name"] in seen else "registered"
+            seen.add(r["name"])
+        registrations.append(r)
+        registrations_want.append(w)
+    # Registered: nccl, names[0] (a class), names[1] (a module path); names[2] and names[3] not.
+    creations = [str(n) for n in rng.permutation(["nccl", names[0], names[1], names[2], names[3]])]
+    creation_want = ["ValueError" if n in (names[2], names[3]) else ["NCCLWeightTransferEngine", True]
+                     for n in creations]
+    kinds = ["dict", "cli", "config", "none"] + [str(k) for k in rng.choice(["dict", "cli", "config", "none"], 2)]
+    kinds = [kinds[i] for i in rng.permutation(len(kinds))]
+    eargs = [{"kind": k, "json": json.dumps({"backend": "nccl"})} for k in kinds]
+    eargs_want = [["NoneType", None] if k == "none" else ["WeightTransferConfig", "nccl"] for k in kinds]
+    args = {"inits": inits, "updates": updates, "directs": directs, "registrations": registrations,
+            "creations": creations, "engine_args": eargs}
+    want = {"inits": init_want, "updates": update_want, "directs": direct_want,
+            "registrations": registrations_want, "creations": creation_want, "engine_args": eargs_want}
+    return args, want
+
+
 def test_config_registry_and_info_parsing():
-    # The config reaches the engine arguments from a dict and from the CLI; the factory creates the
-    # lazily registered NCCL engine; parsing builds typed infos and reports bad input as ValueError.
-    c = run(_INTERFACE_DRIVER, timeout=240)
-    assert c["lazy"], "importing vllm.distributed.weight_transfer imported the NCCL engine's module"
-    assert c["default_backend"] == "nccl"
-    assert c["engine_is_nccl"], "create_engine(WeightTransferConfig()) did not return an NCCLWeightTransferEngine"
-    assert c["init_typed"] and c["init_fields"] == ["10.0.0.1", 29511, 1, 3], f"init info {c['init_fields']}"
-    assert c["update_typed"] and c["update_fields"] == [["w"], ["bfloat16"], [[2, 3]], True, True], (
-        f"update info {c['update_fields']}")
-    assert c["defaults"] == [False, 1 << 30, 2, True, 1 << 30, 2], f"defaults {c['defaults']}"
-    assert c["update_is_base"], "NCCLWeightTransferUpdateInfo is not a WeightTransferUpdateInfo"
-    for key in ("missing_key", "unknown_key", "short_dtypes", "short_shapes", "duplicate", "no_class_name"):
-        assert c[key] == "ValueError", f"{key}: raised {c[key]}, want ValueError"
+    # The config reaches the engine arguments from a dict, an instance and the CLI; the factory
+    # creates the lazily registered NCCL engine and engines registered by class or module path;
+    # parsing builds typed infos (defaults filled in) and reports a missing or unknown key,
+    # mismatched list lengths, a duplicate or incomplete registration and an unknown backend as
+    # ValueError; receive_weights before init raises RuntimeError. Every list of outcomes is drawn.
+    rng = fresh()
+    args, want = _interface_args(rng)
+    c = run(_INTERFACE_DRIVER, args, timeout=240)
+    assert c["lazy"] is True, "importing vllm.distributed.weight_transfer imported the NCCL engine's module"
+    assert c["engine"] == "NCCLWeightTransferEngine", f"create_engine(WeightTransferConfig()) made a {c['engine']}"
     assert c["receive_first"] == "RuntimeError", (
-        f"receive_weights before init_transfer_engine raised {c['receive_first']}, want RuntimeError")
-    assert c["from_dict"] == ["WeightTransferConfig", "nccl"], (
-        f"EngineArgs(weight_transfer_config={{...}}) holds {c['from_dict']}, want a WeightTransferConfig")
-    assert c["from_cli"] == ["WeightTransferConfig", "nccl"], (
-        f"--weight-transfer-config gives {c['from_cli']}, want a WeightTransferConfig")
+        f"receive_weights before init_transfer_engine gave {c['receive_first']!r}, want RuntimeError")
+    for key in ("inits", "updates", "directs", "registrations", "creations", "engine_args"):
+        got, exp = c[key], want[key]
+        assert isinstance(got, list) and len(got) == len(exp), f"{key}: {len(got)} outcomes, want {len(exp)}"
+        for i, (g, w) in enumerate(zip(got, exp)):
+            assert g == w and type(g) is type(w), (
+                f"{key}[{i}] ({args[key][i]}): got {g!r}, want {w!r}")

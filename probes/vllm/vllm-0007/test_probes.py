@@ -4,16 +4,22 @@ balancedness logging interval).
 The judge never imports vllm or torch. Each probe runs a driver in a child process; for the GPU
 probes the driver forks one process per GPU (rank), the ranks join NCCL groups, run the code under
 test and send back plain data (the point-to-point operations they issued, the weights and maps
-they end with). Expert weights follow a formula of (layer, logical expert, weight, column) that the
-judge evaluates itself; the judge makes the placements and loads, derives the transfer plan from
-the instruction's rule and applies the instruction's slot-preserving rule itself, so every expected
-value below is the judge's own. Every scenario runs in a child of its own."""
+they end with). Everything is drawn fresh for each attempt: placements, loads, sizes, policy
+shapes, configuration values, and the expert weights themselves: weight k of logical expert e in
+layer l holds (column * mult + base[l][e][k]) mod 2**24 - 3, with mult and the (distinct) bases
+drawn by the judge, which evaluates the same formula. The judge derives the transfer plan from
+the instruction's rule and applies the instruction's slot-preserving rule itself; placements the
+policy computes without the old placement come from reference children (gold, on the same
+inputs), and so does the placement EplbState ends with, which the submission's must equal.
+Every scenario runs in a child of its own."""
 
-import functools
+import json
 
 import numpy as np
 
-from infradev_probe import RANKS_PRELUDE, run
+from infradev_probe import RANKS_PRELUDE, fresh, reference, run, same
+
+_MOD = (1 << 24) - 3  # every value stays an integer that float32 holds exactly
 
 _SPAWN = RANKS_PRELUDE + r'''
 import datetime
@@ -21,12 +27,14 @@ import os
 import time
 import types
 
+os.environ.setdefault("USER", "infradev-probe")  # torch's caches name a user; the probe's has none
+
 import torch
 
 
 def expert_row(layer, logical, k, cols):
-    return (torch.arange(cols, dtype=torch.int64) % 97
-            + logical * 1000 + k * 100 + layer * 100000).to(torch.float32)
+    v = (torch.arange(cols, dtype=torch.int64) * ARGS["mult"] + ARGS["base"][layer][logical][k]) % ARGS["mod"]
+    return v.to(torch.float32)
 
 
 def layer_weights(layer, row, rank, local, hidden, dev):
@@ -80,7 +88,6 @@ def state_flow(rank, world, port, args):
     from vllm.config.parallel import EPLBConfig, ParallelConfig
     from vllm.distributed import parallel_state as ps
     from vllm.distributed.eplb.eplb_state import EplbState
-    from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
     dev = torch.device("cuda", rank)
     ps.set_custom_all_reduce(False)
     ps.init_distributed_environment(world_size=world, rank=rank,
@@ -95,7 +102,7 @@ def state_flow(rank, world, port, args):
 
     layers, local, logical, hidden = args["layers"], args["local"], args["logical"], args["hidden"]
     physical = local * world
-    initial = list(range(logical)) + [i % logical for i in range(physical - logical)]
+    initial = args["initial"]
     model = _MoE()
     model.num_moe_layers = layers
     model.num_logical_experts = logical
@@ -122,16 +129,11 @@ def state_flow(rank, world, port, args):
     state.step()
     torch.cuda.synchronize()
     ms = next(iter(state.model_states.values()))
-    # What the policy gives for the same global load when it is not told the old placement.
-    total = torch.tensor(args["load"], dtype=torch.int64) * world
-    raw, _, _ = DefaultEplbPolicy.rebalance_experts(total, physical, 1, 1, world)
     return {
         "p2l": ms.physical_to_logical_map.cpu().numpy(),
         "l2p": ms.logical_to_physical_map.cpu()[:, :, :physical].numpy(),
         "count": ms.logical_replica_count.cpu().numpy(),
         "weights": [[x.cpu().numpy() for x in ws] for ws in model.expert_weights],
-        "raw": raw.cpu().numpy(), "initial": initial,
-        "rearranged": state.expert_rearrangement_step == 0,
     }
 
 
@@ -139,22 +141,37 @@ emit(ranks=spawn_ranks(2, state_flow, ARGS, 240))
 '''
 
 _POLICY = r'''
+import os
+
+os.environ.setdefault("USER", "infradev-probe")
+
 import torch
 from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
 
-weight = torch.tensor(ARGS["weight"], dtype=torch.int64)
-args = (weight, ARGS["replicas"], ARGS["groups"], ARGS["nodes"], ARGS["ranks"])
-out = {}
-p2l, l2p, cnt = DefaultEplbPolicy.rebalance_experts(*args)
-out["raw"] = {"p2l": p2l.cpu().numpy(), "l2p": l2p.cpu().numpy(), "count": cnt.cpu().numpy()}
+
+def plain(res):
+    p2l, l2p, cnt = res
+    return {"p2l": p2l.cpu().numpy(), "l2p": l2p.cpu().numpy(), "count": cnt.cpu().numpy()}
+
+
+out = {"raw": []}
+for w in ARGS["weights"]:
+    args = (torch.tensor(w, dtype=torch.int64), ARGS["replicas"], ARGS["groups"], ARGS["nodes"], ARGS["ranks"])
+    out["raw"].append(plain(DefaultEplbPolicy.rebalance_experts(*args)))
+out["olds"] = {}
 for name, old in ARGS["olds"].items():
-    p2l, l2p, cnt = DefaultEplbPolicy.rebalance_experts(
-        *args, old_global_expert_indices=torch.tensor(old, dtype=torch.int64))
-    out[name] = {"p2l": p2l.cpu().numpy(), "l2p": l2p.cpu().numpy(), "count": cnt.cpu().numpy()}
+    args = (torch.tensor(ARGS["weights"][0], dtype=torch.int64), ARGS["replicas"], ARGS["groups"],
+            ARGS["nodes"], ARGS["ranks"])
+    out["olds"][name] = plain(DefaultEplbPolicy.rebalance_experts(
+        *args, old_global_expert_indices=torch.tensor(old, dtype=torch.int64)))
 emit(**out)
 '''
 
 _CONFIG = r'''
+import os
+
+os.environ.setdefault("USER", "infradev-probe")
+
 import pydantic
 from vllm.config.parallel import EPLBConfig
 
@@ -169,30 +186,38 @@ def outcome(fn):
     return value
 
 
-emit(
-    default=EPLBConfig().log_balancedness_interval,
-    set=outcome(lambda: EPLBConfig(log_balancedness=True, log_balancedness_interval=5).log_balancedness_interval),
-    parsed=outcome(lambda: pydantic.TypeAdapter(EPLBConfig).validate_json(
-        '{"log_balancedness": true, "log_balancedness_interval": 7}').log_balancedness_interval),
-    zero=outcome(lambda: EPLBConfig(log_balancedness=True, log_balancedness_interval=0).log_balancedness_interval),
-    negative=outcome(lambda: EPLBConfig(log_balancedness=True, log_balancedness_interval=-2).log_balancedness_interval),
-    unused=outcome(lambda: EPLBConfig(log_balancedness=False, log_balancedness_interval=0).log_balancedness_interval),
-)
+adapter = pydantic.TypeAdapter(EPLBConfig)
+out = []
+for c in ARGS["cases"]:
+    if c["how"] == "keyword":
+        out.append(outcome(lambda: EPLBConfig(**c["given"]).log_balancedness_interval))
+    else:
+        out.append(outcome(lambda: adapter.validate_json(c["json"]).log_balancedness_interval))
+emit(results=out)
 '''
 
 
 # ---- the judge's references ----
 
-def _expert_row(layer, logical, k, cols):
-    return (np.arange(cols, dtype=np.int64) % 97 + logical * 1000 + k * 100 + layer * 100000).astype(np.float64)
+def _formula(rng, layers, logical, weights):
+    """The weights' formula: mult and a distinct base for every (layer, expert, weight)."""
+    n = layers * logical * weights
+    base = rng.choice(_MOD, size=n, replace=False).reshape(layers, logical, weights)
+    return {"mod": _MOD, "mult": int(rng.integers(1, _MOD)), "base": base.tolist()}
 
 
-def _expected(row, rank, local, layer, k, cols):
-    return np.stack([_expert_row(layer, row[rank * local + i], k, cols) for i in range(local)])
+def _expert_row(f, layer, logical, k, cols):
+    v = (np.arange(cols, dtype=np.int64) * f["mult"] + f["base"][layer][logical][k]) % f["mod"]
+    return v.astype(np.float64)
+
+
+def _expected(f, row, rank, local, layer, k, cols):
+    return np.stack([_expert_row(f, layer, row[rank * local + i], k, cols) for i in range(local)])
 
 
 def _same(got, want, what):
-    got = np.asarray(got, dtype=np.float64)
+    assert isinstance(got, np.ndarray), f"{what}: got {type(got).__name__}, want an array"
+    got = got.astype(np.float64)
     assert got.shape == want.shape, f"{what}: shape {got.shape}, want {want.shape}"
     bad = np.argwhere(got != want)
     if bad.size:
@@ -201,17 +226,21 @@ def _same(got, want, what):
                              f"{got[slot][:3].tolist()}..., want {want[slot][:3].tolist()}...")
 
 
-def _plan(old, new, local, world):
-    """The instruction's transfer plan: (sender, receiver, expert) triples."""
-    holders = {}
+def _holders_needers(old, new, local):
+    holders, needers = {}, {}
     for p, e in enumerate(old):
         if e >= 0 and p // local not in holders.setdefault(e, []):
             holders[e].append(p // local)
-    needers = {}
     for p, e in enumerate(new):
         r = p // local
         if e >= 0 and r not in holders.get(e, []) and r not in needers.setdefault(e, []):
             needers[e].append(r)
+    return holders, needers
+
+
+def _plan(old, new, local):
+    """The instruction's transfer plan: (sender, receiver, expert) triples."""
+    holders, needers = _holders_needers(old, new, local)
     plan = []
     for e, R in needers.items():
         S = sorted(holders.get(e, []))
@@ -223,6 +252,72 @@ def _plan(old, new, local, world):
             s = S[i // q] if i < q * len(S) else S[i - q * len(S)]
             plan.append((s, r, e))
     return plan
+
+
+def _row(rng, size, logical):
+    row = list(range(logical)) + [int(v) for v in rng.integers(0, logical, size - logical)]
+    return [int(v) for v in rng.permutation(row)]
+
+
+def _traffic_placement(rng, world, local, logical):
+    """Old and new placements of one layer over the ranks in which: an expert held by two or
+    more ranks is needed by two or more others (the receivers split among the holders), some
+    rank needs a remote expert in two of its slots (one receive), some slot moves within its
+    rank, some slot keeps its expert, and every rank sends or receives something."""
+    while True:
+        old, new = _row(rng, world * local, logical), _row(rng, world * local, logical)
+        holders, needers = _holders_needers(old, new, local)
+        split = any(len(holders[e]) >= 2 and len(needers.get(e, [])) >= 2 for e in holders)
+        twice = any(sum(1 for i in range(local) if new[r * local + i] == e) >= 2
+                    for e, R in needers.items() for r in R)
+        moved = any(old[p] != new[p] and new[p] in old[(p // local) * local:(p // local + 1) * local]
+                    for p in range(world * local))
+        kept = any(old[p] == new[p] for p in range(world * local))
+        plan = _plan(old, new, local)
+        busy = all(any(r in (s, d) for s, d, _ in plan) for r in range(world))
+        if split and twice and moved and kept and busy:
+            return old, new
+
+
+def test_exchange_follows_the_transfer_plan():
+    # Four ranks rearrange one layer: the point-to-point operations each rank issues are exactly
+    # the plan of the instruction (receivers split among holders, one receive per rank and remote
+    # expert, nothing for experts a rank already holds), in one batch, and the weights end up in
+    # place.
+    rng = fresh()
+    world, local = 4, int(rng.integers(3, 6))
+    logical = int(rng.integers(local + 2, 2 * local + 1))
+    old, new = _traffic_placement(rng, world, local, logical)
+    hidden = [int(v) for v in rng.integers(8, 65, int(rng.integers(1, 4)))]
+    f = _formula(rng, 1, logical, len(hidden))
+    which = {f["base"][0][e][k]: (e, k) for e in range(logical) for k in range(len(hidden))}
+    args = dict(f, old=old, new=new, local=local, hidden=hidden)
+    ranks = run(_TRAFFIC, args, timeout=300)["ranks"]
+    plan = _plan(old, new, local)
+    assert isinstance(ranks, list) and len(ranks) == world, "the driver sent no result for every rank"
+    for rank, r in enumerate(ranks):
+        batches = [b for b in r["batches"] if b]
+        want_batches = 1 if any(rank in (s, d) for s, d, _ in plan) else 0
+        assert len(batches) == want_batches, (
+            f"rank {rank}: {len(batches)} batches of point-to-point operations, want {want_batches}")
+        ops = batches[0] if batches else []
+        other = [o["kind"] for o in ops if o["kind"] not in ("isend", "irecv")]
+        assert not other, f"rank {rank}: unexpected operations {other}"
+        sends = []
+        for o in ops:
+            if o["kind"] == "isend":
+                e, k = which.get(o["first"], (None, None))
+                sends.append((o["peer"], e, k, o["numel"]))
+        recvs = sorted((o["peer"], o["numel"]) for o in ops if o["kind"] == "irecv")
+        want_sends = sorted((d, e, k, hidden[k]) for s, d, e in plan if s == rank for k in range(len(hidden)))
+        want_recvs = sorted((s, hidden[k]) for s, d, e in plan if d == rank for k in range(len(hidden)))
+        assert sorted(sends, key=repr) == sorted(want_sends, key=repr), (
+            f"rank {rank} sent (peer, expert, weight, elements) {sorted(sends, key=repr)}; the plan is {want_sends}")
+        assert recvs == want_recvs, (
+            f"rank {rank} received (peer, elements) {recvs}; the plan is {want_recvs}")
+        assert isinstance(r["weights"], list) and len(r["weights"]) == len(hidden)
+        for k, w in enumerate(r["weights"]):
+            _same(w, _expected(f, new, rank, local, 0, k, hidden[k]), f"rank {rank}, weight {k}")
 
 
 def _preserve(raw, old, ranks):
@@ -254,139 +349,186 @@ def _preserve(raw, old, ranks):
 
 
 def _check_maps(p2l, l2p, count, logical, what):
-    for layer, row in enumerate(np.asarray(p2l).tolist()):
+    p2l, l2p, count = np.asarray(p2l), np.asarray(l2p), np.asarray(count)
+    assert count.shape == (p2l.shape[0], logical), f"{what}: replica counts of shape {count.shape}"
+    assert l2p.ndim == 3 and l2p.shape[:2] == (p2l.shape[0], logical), f"{what}: log2phy of shape {l2p.shape}"
+    for layer, row in enumerate(p2l.tolist()):
         for e in range(logical):
             slots = sorted(p for p, x in enumerate(row) if x == e)
-            assert int(np.asarray(count)[layer][e]) == len(slots), (
-                f"{what}, layer {layer}: replica count of expert {e} is {int(np.asarray(count)[layer][e])}, "
+            assert int(count[layer][e]) == len(slots), (
+                f"{what}, layer {layer}: replica count of expert {e} is {int(count[layer][e])}, "
                 f"the placement {row} holds it {len(slots)} times")
-            listed = np.asarray(l2p)[layer][e].tolist()
+            listed = l2p[layer][e].tolist()
             assert sorted(listed[:len(slots)]) == slots and all(x == -1 for x in listed[len(slots):]), (
                 f"{what}, layer {layer}: logical-to-physical entry of expert {e} is {listed}, "
                 f"the placement {row} puts it in slots {slots}")
 
 
-# Four ranks of four slots, ten experts. Expert 0 is held by ranks 0 and 2 and needed by ranks 1
-# (in two slots) and 3; expert 3 is held by ranks 0 and 3 and needed by rank 2; experts 6 and 8
-# have one holder each; everything else moves within its rank or stays.
-_OLD = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5]
-_NEW = [1, 0, 8, 8, 0, 0, 5, 7, 6, 9, 3, 1, 0, 2, 4, 3]
-_TRAFFIC_ARGS = {"old": _OLD, "new": _NEW, "local": 4, "hidden": [24, 40]}
-
-_STATE_ARGS = {"layers": 2, "local": 4, "logical": 8, "hidden": [16, 8],
-               "load": [[1, 2, 3, 4, 5, 6, 7, 8], [8, 7, 6, 5, 4, 3, 2, 1]]}
-
-_POLICY_ARGS = {
-    "weight": [[90, 10, 35, 50, 5, 70, 20, 15, 60, 25, 40, 30],
-               [12, 80, 33, 7, 45, 61, 28, 90, 3, 54, 17, 66]],
-    "replicas": 16, "groups": 4, "nodes": 2, "ranks": 4,
-}
-
-
-@functools.lru_cache(maxsize=None)
-def _traffic():
-    return run(_TRAFFIC, _TRAFFIC_ARGS, timeout=300)["ranks"]
+def _policy_shape(rng):
+    """A policy call: hierarchical (groups divisible by nodes) or global, two or more slots per
+    rank."""
+    nodes = int(rng.choice([1, 2]))
+    ranks = nodes * int(rng.integers(1, 4))
+    ranks = max(ranks, 2)
+    if rng.integers(3):
+        groups = nodes * int(rng.integers(1, 4))  # hierarchical
+    else:
+        groups = int(rng.choice([g for g in (1, 3, 5) if g % nodes])) if nodes > 1 else 1
+    logical = groups * int(rng.integers(1, 5))
+    while logical < 2:
+        logical += groups
+    slots = max(2, -(-logical // ranks)) + int(rng.integers(0, 3))
+    return {"replicas": ranks * slots, "groups": groups, "nodes": nodes, "ranks": ranks,
+            "logical": logical, "slots": slots, "layers": int(rng.integers(1, 4))}
 
 
-@functools.lru_cache(maxsize=None)
-def _state():
-    return run(_STATE, _STATE_ARGS, timeout=300)["ranks"]
+def _olds(rng, raw, ranks, slots, logical):
+    """Old placements for the policy: each made from the placement it gives without one (raw)."""
+    def per_rank(row, fn):
+        return sum((fn(g, list(row[g * slots:(g + 1) * slots])) for g in range(ranks)), [])
 
-
-@functools.lru_cache(maxsize=None)
-def _policy():
-    first = run(_POLICY, dict(_POLICY_ARGS, olds={}), timeout=180)
-    raw = np.asarray(first["raw"]["p2l"]).tolist()
-    slots = _POLICY_ARGS["replicas"] // _POLICY_ARGS["ranks"]
-    # Every rank keeps its experts, each in a reversed slot order.
-    reversed_old = [sum((row[g * slots:(g + 1) * slots][::-1] for g in range(_POLICY_ARGS["ranks"])), [])
-                    for row in raw]
-    # Ranks 0 and 1 trade their first slots, then each segment is rotated by one.
+    olds = {}
+    # Every rank keeps its experts: its slots reversed, or shuffled.
+    olds["reversed"] = [per_rank(row, lambda g, seg: seg[::-1]) for row in raw]
+    olds["shuffled"] = [per_rank(row, lambda g, seg: [seg[i] for i in rng.permutation(len(seg))]) for row in raw]
+    # Two ranks trade a slot, then every rank's slots are rotated.
     traded = []
     for row in raw:
         r = list(row)
-        r[0], r[slots] = r[slots], r[0]
-        traded.append(sum((r[g * slots + 1:(g + 1) * slots] + r[g * slots:g * slots + 1]
-                           for g in range(_POLICY_ARGS["ranks"])), []))
-    second = run(_POLICY, dict(_POLICY_ARGS, olds={"reversed": reversed_old, "traded": traded}), timeout=180)
-    return raw, {"reversed": reversed_old, "traded": traded}, second
-
-
-def test_exchange_follows_the_transfer_plan():
-    # Four ranks rearrange one layer: the point-to-point operations each rank issues are exactly the
-    # plan of the instruction (senders split among holders, one receive per rank and remote expert,
-    # nothing for experts a rank already holds), in one batch, and the weights end up in place.
-    ranks = _traffic()
-    plan = _plan(_OLD, _NEW, 4, 4)
-    hidden = _TRAFFIC_ARGS["hidden"]
-    for rank, r in enumerate(ranks):
-        batches = [b for b in r["batches"] if b]
-        assert len(batches) == 1, f"rank {rank}: {len(batches)} batches of point-to-point operations, want 1"
-        ops = batches[0]
-        sends = sorted((o["peer"], int(o["first"]) // 1000, (int(o["first"]) % 1000) // 100, o["numel"])
-                       for o in ops if o["kind"] == "isend")
-        recvs = sorted((o["peer"], o["numel"]) for o in ops if o["kind"] == "irecv")
-        other = [o["kind"] for o in ops if o["kind"] not in ("isend", "irecv")]
-        assert not other, f"rank {rank}: unexpected operations {other}"
-        want_sends = sorted((d, e, k, hidden[k]) for s, d, e in plan if s == rank for k in range(len(hidden)))
-        want_recvs = sorted((s, hidden[k]) for s, d, e in plan if d == rank for k in range(len(hidden)))
-        assert sends == want_sends, (
-            f"rank {rank} sent (peer, expert, weight, elements) {sends}; the plan is {want_sends}")
-        assert recvs == want_recvs, (
-            f"rank {rank} received (peer, elements) {recvs}; the plan is {want_recvs}")
-        for k, w in enumerate(r["weights"]):
-            _same(w, _expected(_NEW, rank, 4, 0, k, hidden[k]), f"rank {rank}, weight {k}")
+        a, b = (int(v) for v in rng.choice(ranks, 2, replace=False))
+        i, j = a * slots + int(rng.integers(slots)), b * slots + int(rng.integers(slots))
+        r[i], r[j] = r[j], r[i]
+        shift = int(rng.integers(1, slots))
+        traded.append(per_rank(r, lambda g, seg: seg[shift:] + seg[:shift]))
+    olds["traded"] = traded
+    # A placement unrelated to the new one.
+    olds["unrelated"] = [_row(rng, ranks * slots, logical) for _ in raw]
+    return olds
 
 
 def test_policy_keeps_experts_in_their_slots():
     # Told the old placement, the policy keeps every rank's experts but puts each one that stays on
     # a rank back in its old slot(s), the rest in order; log2phy and logcnt describe the result.
-    raw, olds, got = _policy()
-    ranks = _POLICY_ARGS["ranks"]
-    logical = len(_POLICY_ARGS["weight"][0])
-    raw_p2l = np.asarray(raw)
-    assert np.array_equal(np.asarray(got["raw"]["p2l"]), raw_p2l), "the policy is not deterministic"
+    # The placement without an old one comes from gold (a reference child) and must be the
+    # submission's too.
+    rng = fresh()
+    shape = _policy_shape(rng)
+    ranks, slots, logical = shape["ranks"], shape["slots"], shape["logical"]
+    weights = [rng.permutation(np.arange(1, 20 * logical * shape["layers"] + 1))
+               [:shape["layers"] * logical].reshape(shape["layers"], logical).tolist()]
+    base = {k: shape[k] for k in ("replicas", "groups", "nodes", "ranks")}
+    first = reference(_POLICY, dict(base, weights=weights, olds={}), timeout=180)
+    raw = np.asarray(first["raw"][0]["p2l"]).tolist()
+    olds = _olds(rng, raw, ranks, slots, logical)
+    got = run(_POLICY, dict(base, weights=weights, olds=olds), timeout=180)
+    assert isinstance(got["raw"], list) and len(got["raw"]) == 1
+    same(got["raw"][0]["p2l"], first["raw"][0]["p2l"],
+         path=f"the policy's placement without an old one ({shape})")
+    _check_maps(got["raw"][0]["p2l"], got["raw"][0]["l2p"], got["raw"][0]["count"], logical,
+                "the placement without an old one")
+    assert isinstance(got["olds"], dict) and set(got["olds"]) == set(olds)
     for name, old in olds.items():
-        p2l = np.asarray(got[name]["p2l"])
+        p2l = np.asarray(got["olds"][name]["p2l"])
         want = np.asarray(_preserve(raw, old, ranks))
-        assert p2l.shape == raw_p2l.shape, f"{name}: placement shape {p2l.shape}"
+        assert p2l.shape == want.shape, f"{name}: placement shape {p2l.shape}, want {want.shape}"
         assert np.array_equal(p2l, want), (
             f"old placement '{name}': the policy returned {p2l.tolist()}; keeping each rank's "
             f"experts in their old slots gives {want.tolist()} (placement without the old one: "
-            f"{raw_p2l.tolist()}, old: {old})")
-        _check_maps(got[name]["p2l"], got[name]["l2p"], got[name]["count"], logical, f"old placement '{name}'")
-    assert np.array_equal(np.asarray(got["reversed"]["p2l"]), np.asarray(olds["reversed"])), (
-        "when every rank keeps its experts, the new placement must equal the old one")
+            f"{raw}, old: {old}, {shape})")
+        _check_maps(p2l, got["olds"][name]["l2p"], got["olds"][name]["count"], logical,
+                    f"old placement '{name}'")
+
+
+def _state_case(rng):
+    """A 2-rank EplbState scenario whose load makes the policy move some expert between two slots
+    of the rank it stays on (so keeping slots changes the result): candidate loads are run
+    through gold's policy (a reference child) and the first such one is taken."""
+    world, local = 2, int(rng.integers(3, 6))
+    physical = world * local
+    logical = physical - int(rng.integers(0, 3))
+    layers = int(rng.integers(2, 4))
+    initial = list(range(logical)) + [i % logical for i in range(physical - logical)]
+    candidates = []
+    for _ in range(8):
+        # Per-physical-slot loads as the ranks record them (the same on both ranks).
+        candidates.append(rng.integers(1, 1000, (layers, physical)).tolist())
+
+    def logical_load(load):
+        out = np.zeros((layers, logical), dtype=np.int64)
+        for p, e in enumerate(initial):
+            out[:, e] += np.asarray(load)[:, p]
+        return (out * world).tolist()
+
+    res = reference(_POLICY, {"weights": [logical_load(c) for c in candidates], "olds": {},
+                              "replicas": physical, "groups": 1, "nodes": 1, "ranks": world},
+                    timeout=180)
+    pick = 0
+    for i, r in enumerate(res["raw"]):
+        raw = np.asarray(r["p2l"]).tolist()
+        if _preserve(raw, [initial] * layers, world) != raw:
+            pick = i
+            break
+    hidden = [int(v) for v in rng.integers(8, 33, 2)]
+    f = _formula(rng, layers, logical, len(hidden))
+    return dict(f, layers=layers, local=local, logical=logical, hidden=hidden, initial=initial,
+                load=candidates[pick])
 
 
 def test_eplb_state_rearrangement_keeps_slots():
     # A synchronous EplbState rearrangement on 2 GPUs passes the current placement to the policy:
-    # experts that stay on a rank keep their slots, the maps agree, the weights follow the maps.
-    ranks = _state()
-    f = _STATE_ARGS
-    for rank, r in enumerate(ranks):
-        assert r["rearranged"], f"rank {rank}: step() did not rearrange"
+    # the placement it ends with is gold's on the same loads (experts that stay on a rank keep
+    # their slots), the maps agree with it, the weights follow it.
+    rng = fresh()
+    args = _state_case(rng)
+    want = reference(_STATE, args, timeout=300)["ranks"]
+    ranks = run(_STATE, args, timeout=300)["ranks"]
+    assert isinstance(ranks, list) and len(ranks) == 2, "the driver sent no result for every rank"
+    for rank, (r, w) in enumerate(zip(ranks, want)):
         p2l = np.asarray(r["p2l"])
-        want = np.asarray(_preserve(np.asarray(r["raw"]).tolist(), [r["initial"]] * f["layers"], 2))
-        assert np.array_equal(p2l, want), (
-            f"rank {rank}: placement after the rearrangement {p2l.tolist()}; the policy's placement "
-            f"{np.asarray(r['raw']).tolist()} with experts kept in their slots of {r['initial']} is "
-            f"{want.tolist()}")
-        assert np.array_equal(p2l, np.asarray(ranks[0]["p2l"])), f"rank {rank}: placement differs from rank 0's"
-        _check_maps(r["p2l"], r["l2p"], r["count"], f["logical"], f"rank {rank}")
-        for layer in range(f["layers"]):
-            row = p2l[layer].tolist()
-            for k, w in enumerate(r["weights"][layer]):
-                _same(w, _expected(row, rank, f["local"], layer, k, f["hidden"][k]),
+        same(p2l, np.asarray(w["p2l"]), path=f"rank {rank}: the placement after the rearrangement")
+        _check_maps(r["p2l"], r["l2p"], r["count"], args["logical"], f"rank {rank}")
+        assert isinstance(r["weights"], list) and len(r["weights"]) == args["layers"]
+        for layer in range(args["layers"]):
+            row = np.asarray(w["p2l"])[layer].tolist()
+            for k, x in enumerate(r["weights"][layer]):
+                _same(x, _expected(args, row, rank, args["local"], layer, k, args["hidden"][k]),
                       f"rank {rank}, layer {layer}, weight {k}")
 
 
 def test_balancedness_interval_config():
     # EPLBConfig.log_balancedness_interval: 1 by default, set by keyword or JSON, refused when not
-    # positive while log_balancedness is on.
-    c = run(_CONFIG, timeout=120)
-    assert c["default"] == 1, f"default interval {c['default']!r}"
-    assert c["set"] == 5 and c["parsed"] == 7, f"interval by keyword {c['set']!r}, from JSON {c['parsed']!r}"
-    assert c["zero"] == "ValueError", f"log_balancedness with interval 0 gave {c['zero']!r}, want ValueError"
-    assert c["negative"] == "ValueError", f"log_balancedness with interval -2 gave {c['negative']!r}, want ValueError"
-    assert c["unused"] == 0, f"interval 0 without log_balancedness gave {c['unused']!r}, want it accepted"
+    # positive while log_balancedness is on, accepted when it is off.
+    rng = fresh()
+    kinds = ["default", "positive", "positive", "refused", "unused"]
+    kinds += [str(k) for k in rng.choice(["positive", "refused", "unused", "default"], int(rng.integers(2, 6)))]
+    cases, want = [], []
+    for i in rng.permutation(len(kinds)):
+        kind = kinds[i]
+        if kind == "default":
+            given = {} if rng.integers(2) else {"log_balancedness": bool(rng.integers(2))}
+            expect = 1
+        elif kind == "positive":
+            given = {"log_balancedness_interval": int(rng.integers(1, 10000))}
+            if rng.integers(3):
+                given["log_balancedness"] = bool(rng.integers(2))
+            expect = given["log_balancedness_interval"]
+        elif kind == "refused":
+            given = {"log_balancedness": True, "log_balancedness_interval": -int(rng.integers(0, 50))}
+            expect = "ValueError"
+        else:
+            given = {"log_balancedness_interval": -int(rng.integers(0, 50))}
+            if rng.integers(2):
+                given["log_balancedness"] = False
+            expect = given["log_balancedness_interval"]
+        if rng.integers(2):
+            given["window_size"] = int(rng.integers(1, 5000))
+        items = list(given.items())
+        given = dict(items[j] for j in rng.permutation(len(items)))
+        cases.append({"how": "keyword" if rng.integers(2) else "json", "given": given,
+                      "json": json.dumps(given)})
+        want.append(expect)
+    got = run(_CONFIG, {"cases": cases}, timeout=180)["results"]
+    assert isinstance(got, list) and len(got) == len(cases), "a result per case expected"
+    for c, g, w in zip(cases, got, want):
+        assert type(g) is type(w) and g == w, (
+            f"EPLBConfig by {c['how']} from {c['json']}: log_balancedness_interval gave {g!r}, want {w!r}")

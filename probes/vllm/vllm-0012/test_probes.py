@@ -4,24 +4,27 @@ speculative decoding).
 
 The judge never imports vllm or torch. Each probe runs one driver in a child process on cuda:0
 (the rejection sampler's kernels are Triton); the child builds the sampling metadata, logits and
-input batch from the judge's plain lists and sends back token ids and lists. The judge writes every
-scenario itself (prompts, outputs, drafts, penalties, bad words, allowed sets, logits) and derives
-the expected tokens with its own numpy version of the instruction's rules: the history of draft
-position j is the output tokens plus the first j drafts, the bonus history is the output tokens
-plus all drafts, greedy verification accepts drafts while they equal the argmax of the processed
-row. Before trusting a scenario, the judge checks that every argmax it relies on wins by a clear
-margin, and that the scenario tells the specified history apart from the plausible wrong ones
-(no drafts, all drafts, no output tokens, no processing at all)."""
+input batch from the judge's plain lists and sends back token ids and lists.
 
-import functools
+Every scenario is drawn fresh (``fresh()``): vocabulary size, requests, prompts, output tokens,
+drafts (with a request without drafts between others), penalties, bad words, allowed sets, the
+logit rows, request names, which requests are removed, rewritten and swapped, and the names of
+custom logits processors. The judge derives the expected tokens with its own numpy version of the
+instruction's rules: the history of draft position j is the output tokens plus the first j
+drafts, the bonus history is the output tokens plus all drafts, greedy verification accepts drafts
+while they equal the argmax of the processed row. A drawn scenario is used only when every argmax
+it relies on wins by a clear margin and it tells the specified history apart from the plausible
+wrong ones (no drafts, all drafts, no output tokens, no processing at all, per-request settings on
+the wrong requests); otherwise the judge draws again."""
 
 import numpy as np
 
-from infradev_probe import run
+from infradev_probe import fresh, run
 
 _DRIVER = r'''
 import types
 
+import numpy as np
 import torch
 
 DEV = torch.device("cuda", 0)
@@ -30,8 +33,7 @@ DEV = torch.device("cuda", 0)
 def logits_rows(rows, vocab):
     t = torch.zeros((len(rows), vocab), dtype=torch.float32)
     for r, row in enumerate(rows):
-        for tok, val in row.items():
-            t[r, int(tok)] = float(val)
+        t[r] = torch.from_numpy(np.asarray(row, dtype=np.float32))
     return t.to(DEV)
 
 
@@ -130,7 +132,8 @@ def input_batch(case):
     snaps.append(snap("drafts rewritten, metadata not rebuilt"))
     for name in case["remove"]:
         batch.remove_request(name)
-    add(case["late"])
+    for name in case["late"]:
+        add(name)
     batch.condense()
     batch.refresh_metadata()
     snaps.append(snap("removed, added, condensed"))
@@ -157,17 +160,20 @@ def logitsprocs(case):
         def update_state(self, batch_update):
             pass
 
+    customs = [type(name, (Custom,), {}) for name in case["customs"]]
+
     def cfg(spec):
         return types.SimpleNamespace(
-            speculative_config=types.SimpleNamespace(method="ngram", num_speculative_tokens=2) if spec else None,
-            scheduler_config=types.SimpleNamespace(max_num_seqs=8))
+            speculative_config=types.SimpleNamespace(
+                method=case["method"], num_speculative_tokens=case["num_spec"]) if spec else None,
+            scheduler_config=types.SimpleNamespace(max_num_seqs=case["max_num_seqs"]))
 
     cpu = torch.device("cpu")
-    plain = build_logitsprocs(cfg(False), cpu, False, False)
+    plain = build_logitsprocs(cfg(False), cpu, False, False, custom_logitsprocs=customs)
     spec = build_logitsprocs(cfg(True), cpu, False, False)
     raised, message = None, None
     try:
-        build_logitsprocs(cfg(True), cpu, False, False, custom_logitsprocs=[Custom])
+        build_logitsprocs(cfg(True), cpu, False, False, custom_logitsprocs=customs)
     except Exception as e:
         raised, message = type(e).__name__, str(e)
     from vllm.v1.sample.metadata import SamplingMetadata
@@ -191,69 +197,17 @@ emit(result=SCENARIOS[ARGS["scenario"]](ARGS["case"]))
 '''
 
 
-# ---- the judge's scenarios ----
-
-def _req(prompt, output, drafts, rows, bonus, **kw):
-    return dict(prompt=prompt, output=output, drafts=drafts, rows=rows, bonus=bonus, **kw)
-
-
-# Penalties on draft positions (no bad words, no allowed sets). Row dicts: token -> logit, other
-# tokens 0. Request 1 has no drafts (no rows) between requests that have some.
-_PENALTIES = {"vocab": 32, "requests": [
-    _req([1, 2], [3], [7, 7, 7], [{7: 5.0, 8: 4.5}, {7: 5.0, 8: 4.5}, {7: 5.0, 8: 4.5}], 9, freq=1.0),
-    _req([4], [4], [], [], 9, freq=0.5),
-    _req([12], [13, 13], [14, 15], [{14: 3.0, 13: 3.5, 12: 3.4}, {15: 3.0, 14: 4.0, 12: 3.8}], 16,
-         pres=2.0, rep=2.0),
-    _req([20], [21], [22, 21, 23], [{22: 3.0, 21: 1.0}, {21: 1.0, 23: 2.2}, {23: 2.0, 21: 0.0}], 24,
-         freq=-1.5),
-]}
-
-# Bad words (one-, two- and three-token words completed by drafts) on the first two requests, an
-# allowed set on the third, nothing on the fourth (whose drafts the third's set would forbid).
-_BAD_WORDS = {"vocab": 32, "requests": [
-    _req([30], [9], [3, 4, 6], [{3: 4.0, 5: 4.5}, {4: 4.0, 6: 3.0}, {6: 4.0}], 10, bad=[[3, 4], [5]]),
-    _req([30], [2], [4, 7, 8], [{4: 4.0, 11: 5.0}, {7: 4.0, 1: 3.5}, {8: 4.0, 1: 3.5}], 10,
-         bad=[[4, 7, 8], [11]]),
-    _req([30], [], [6, 12], [{6: 2.0, 12: 1.0}, {12: 5.0, 7: 1.0}], 10, allowed=list(range(8))),
-    _req([30], [1], [12, 13], [{12: 2.0}, {13: 2.0}], 14),
-]}
-
-# Bonus rows, one per request: a frequency penalty that the drafts trigger, a three-token bad word
-# that the drafts complete, and a request without drafts (presence penalty on its output).
-_BONUS = {"vocab": 32, "requests": [
-    _req([1], [3], [5, 5], [], 0, freq=1.0, bonus_row={5: 3.0, 6: 2.5}),
-    _req([1], [2], [4, 7], [], 0, bad=[[4, 7, 8]], bonus_row={8: 3.0, 9: 2.0}),
-    _req([1], [1], [], [], 0, pres=2.0, bonus_row={1: 3.0, 2: 2.0}),
-]}
-
-_BATCH = {
-    "requests": {name: {"prompt": [1 + k, 2 + k, 3 + k], "output": [10 + k] * (k + 1)}
-                 for k, name in enumerate(["r0", "r1", "r2", "r3", "r4", "r5"])},
-    "first": ["r0", "r1", "r2", "r3", "r4"],
-    "drafts": {"r0": [40, 41], "r1": [42], "r2": [43, 44, 45], "r3": [46, 47], "r4": [48]},
-    "rewrite": "r2", "drafts2": {"r2": [50, 51]},
-    "remove": ["r1", "r3"], "late": "r5",
-    "swap": [0, 2],
-}
-
-_CASES = {"verify_penalties": _PENALTIES, "verify_bad_words": _BAD_WORDS, "bonus": _BONUS,
-          "input_batch": _BATCH, "logitsprocs": {}}
-
-
-@functools.lru_cache(maxsize=None)
-def _scenario(name):
-    kind = {"verify_penalties": "verify", "verify_bad_words": "verify"}.get(name, name)
-    return run(_DRIVER, {"scenario": kind, "case": _CASES[name]}, timeout=240)["result"]
+def _drive(kind, case):
+    return run(_DRIVER, {"scenario": kind, "case": case}, timeout=240)["result"]
 
 
 # ---- the judge's reference ----
 
 def _process(row, vocab, req, history):
-    x = np.zeros(vocab, dtype=np.float64)
-    for tok, val in row.items():
-        x[tok] = val
+    x = np.asarray(row, dtype=np.float64).copy()
+    assert x.shape == (vocab,)
     rep = req.get("rep", 1.0)
-    for tok in set(req["prompt"]) | set(history):
+    for tok in set(req.get("prompt", [])) | set(history):
         x[tok] = x[tok] / rep if x[tok] > 0 else x[tok] * rep
     counts = np.bincount(np.asarray(history, dtype=np.int64), minlength=vocab)[:vocab]
     x -= req.get("freq", 0.0) * counts
@@ -271,11 +225,15 @@ def _process(row, vocab, req, history):
     return x
 
 
-def _argmax(x, where, strict=True):
+class _Unclear(Exception):
+    """A drawn scenario whose outcome would hang on a near tie: the judge draws again."""
+
+
+def _argmax(x, strict=True):
     order = np.argsort(-x, kind="stable")
     top, second = x[order[0]], x[order[1]]
-    if strict:
-        assert np.isfinite(top) and top - second >= 0.25, f"judge scenario: no clear argmax at {where}"
+    if strict and not (np.isfinite(top) and top - second >= 0.25):
+        raise _Unclear()
     return int(order[0])
 
 
@@ -286,17 +244,29 @@ def _history(req, j, variant):
 
 
 def _greedy(case, variant="specified"):
+    """What greedy verification gives: the specified rules, or a plausible wrong version of
+    them (``variant``)."""
     vocab, reqs = case["vocab"], case["requests"]
     width = max(len(r["drafts"]) for r in reqs) + 1
+    drafted = [i for i, r in enumerate(reqs) if r["drafts"]]
     rows = []
     for i, r in enumerate(reqs):
+        params = r
+        if variant == "compacted" and r["drafts"]:
+            # Per-request settings looked up by the request's rank among those with drafts.
+            params = reqs[drafted.index(i)]
+        if variant == "allowed_everywhere":
+            masks = [q["allowed"] for q in reqs if q.get("allowed") is not None]
+            params = dict(r, allowed=masks[0]) if masks else r
         got = []
         for j, d in enumerate(r["drafts"]):
             if variant == "unprocessed":
-                x = _process(r["rows"][j], vocab, {"prompt": []}, [])
+                x = _process(r["rows"][j], vocab, {}, [])
             else:
-                x = _process(r["rows"][j], vocab, r, _history(r, j, variant))
-            t = _argmax(x, f"request {i}, draft position {j}", strict=variant == "specified")
+                hist_variant = variant if variant in ("no_drafts", "all_drafts", "no_output") else "specified"
+                hist = _history(dict(r, output=params["output"]), j, hist_variant)
+                x = _process(r["rows"][j], vocab, params, hist)
+            t = _argmax(x, strict=variant == "specified")
             got.append(t)
             if t != d:
                 break
@@ -306,30 +276,110 @@ def _greedy(case, variant="specified"):
     return rows
 
 
-def _bonus_expected(case, predict_bonus):
-    vocab = case["vocab"]
-    out = []
-    for i, r in enumerate(case["requests"]):
-        history = list(r["output"]) + (list(r["drafts"]) if predict_bonus else [])
-        out.append(_argmax(_process(r["bonus_row"], vocab, r, history), f"bonus row {i}"))
-    return out
+def _row(rng, vocab, strong):
+    """A logit row in multiples of 1/8: low noise, and the given tokens at given values."""
+    x = rng.integers(-16, 9, vocab) / 8.0
+    for tok, val in strong.items():
+        x[tok] = val
+    return x.astype(np.float32)
 
 
-def _discriminates(case, variants):
-    want = _greedy(case)
-    for v in variants:
-        assert _greedy(case, v) != want, f"judge scenario does not tell the specified history from {v!r}"
-    return want
+def _eighths(rng, lo, hi):
+    return float(rng.integers(int(lo * 8), int(hi * 8) + 1)) / 8.0
 
 
-def _check_verify(name, case, variants):
-    want = _discriminates(case, variants)
-    got = _scenario(name)
+def _penalty_case(rng):
+    vocab = int(rng.integers(24, 65))
+    n = int(rng.integers(3, 6))
+    empty = int(rng.integers(1, n - 1))  # a request without drafts, between others
+    pool = [int(t) for t in rng.choice(vocab, size=int(rng.integers(5, 9)), replace=False)]
+    reqs = []
+    for i in range(n):
+        prompt = [int(t) for t in rng.choice(vocab, size=int(rng.integers(1, 5)))]
+        if rng.integers(2):
+            prompt[0] = int(rng.choice(pool))
+        output = [int(rng.choice(pool)) for _ in range(int(rng.integers(0 if i else 1, 5)))]
+        drafts = [] if i == empty else [int(rng.choice(pool)) for _ in range(int(rng.integers(1, 5)))]
+        rows = []
+        for j, d in enumerate(drafts):
+            base = _eighths(rng, 2.5, 4.5)
+            strong = {d: base}
+            for c in rng.choice(pool, size=int(rng.integers(1, 3)), replace=False):
+                if int(c) != d:
+                    strong[int(c)] = base + _eighths(rng, -1.5, 1.5)
+            rows.append(_row(rng, vocab, strong))
+        kind = int(rng.integers(4))
+        req = {"prompt": prompt, "output": output, "drafts": drafts, "rows": rows,
+               "bonus": int(rng.integers(vocab)),
+               "freq": [_eighths(rng, 0.5, 2.0), -_eighths(rng, 0.5, 1.5), 0.0, _eighths(rng, -1.0, 1.0)][kind],
+               "pres": [0.0, 0.0, _eighths(rng, 0.5, 2.0), _eighths(rng, 0.0, 1.0)][kind],
+               "rep": [1.0, 1.0, float(rng.choice([1.5, 2.0])), float(rng.choice([1.0, 1.25, 2.0]))][kind]}
+        reqs.append(req)
+    return {"vocab": vocab, "requests": reqs}
+
+
+def _bad_words_case(rng):
+    vocab = int(rng.integers(24, 49))
+    n = int(rng.integers(4, 6))
+    with_bad = int(rng.integers(2, n - 1))  # bad words on the first requests, in batch order
+    allowed_at = int(rng.integers(with_bad, n - 1))  # an allowed set, with a request after it
+    pool = [int(t) for t in rng.choice(vocab, size=int(rng.integers(6, 10)), replace=False)]
+    allowed = sorted(int(t) for t in rng.choice(vocab, size=vocab // 3, replace=False))
+    outside = [t for t in range(vocab) if t not in allowed]
+    reqs = []
+    for i in range(n):
+        output = [int(rng.choice(pool)) for _ in range(int(rng.integers(0, 4)))]
+        src = outside if i == allowed_at + 1 else (allowed if i == allowed_at else pool)
+        drafts = [int(rng.choice(src)) for _ in range(int(rng.integers(2, 5)))]
+        rows, bad = [], []
+        for j, d in enumerate(drafts):
+            base = _eighths(rng, 2.5, 4.5)
+            strong = {d: base}
+            rivals = [int(t) for t in rng.choice(src, size=2) if int(t) != d]
+            for c in rivals:
+                strong[c] = base + _eighths(rng, -1.0, 1.5)
+            rows.append(_row(rng, vocab, strong))
+            history = output + drafts[:j]
+            if i < with_bad and rivals and rng.integers(2):
+                c = rivals[0]
+                longest = min(2, len(history))
+                p = int(rng.integers(0, longest + 1))
+                bad.append((history[len(history) - p:] if p else []) + [c])
+        if i < with_bad:
+            if not bad or rng.integers(2):
+                bad.append([int(rng.choice(pool))])
+            if rng.integers(2):
+                bad.append([int(rng.choice(pool)) for _ in range(int(rng.integers(2, 4)))])
+        req = {"prompt": [int(rng.integers(vocab))], "output": output, "drafts": drafts,
+               "rows": rows, "bonus": int(rng.integers(vocab))}
+        if bad:
+            req["bad"] = bad
+        if i == allowed_at:
+            req["allowed"] = allowed
+        reqs.append(req)
+    return {"vocab": vocab, "requests": reqs}
+
+
+def _draw(rng, make, variants):
+    """A scenario whose specified outcome is clear and differs from every wrong variant."""
+    for _ in range(2000):
+        case = make(rng)
+        try:
+            want = _greedy(case)
+        except _Unclear:
+            continue
+        if all(_greedy(case, v) != want for v in variants):
+            return case, want
+    raise AssertionError("probe setup: no usable scenario drawn")
+
+
+def _check_verify(case, want):
+    got = _drive("verify", case)
     assert isinstance(got, list) and len(got) == len(want), f"rejection sampler returned {got!r}"
     for i, (g, w) in enumerate(zip(got, want)):
         r = case["requests"][i]
-        assert list(g) == w, (
-            f"request {i} (output {r['output']}, drafts {r['drafts']}): rejection sampler gave {list(g)}, "
+        assert isinstance(g, list) and list(g) == w, (
+            f"request {i} (output {r['output']}, drafts {r['drafts']}): rejection sampler gave {g}, "
             f"want {w} (greedy verification of rows processed with output + earlier drafts)")
 
 
@@ -337,21 +387,74 @@ def test_penalties_use_earlier_drafts():
     # Frequency (positive and negative), presence and repetition penalties on the target rows of
     # draft positions: each row is penalised with the request's prompt and its output tokens plus
     # the drafts before that position; a request without drafts sits between the others.
-    _check_verify("verify_penalties", _PENALTIES, ["no_drafts", "all_drafts", "no_output", "unprocessed"])
+    rng = fresh()
+    case, want = _draw(rng, _penalty_case,
+                       ["no_drafts", "all_drafts", "no_output", "unprocessed", "compacted"])
+    _check_verify(case, want)
 
 
 def test_bad_words_and_allowed_tokens_on_drafts():
-    # One-token bad words banned everywhere, two- and three-token bad words whose prefix ends in the
-    # earlier drafts, an allowed set on one request only (the next request's drafts lie outside it).
-    _check_verify("verify_bad_words", _BAD_WORDS, ["no_drafts", "all_drafts", "unprocessed"])
+    # One-token bad words banned everywhere, multi-token bad words whose prefix ends in the
+    # earlier drafts, an allowed set on one request only (the next request's drafts lie outside
+    # it).
+    rng = fresh()
+    case, want = _draw(rng, _bad_words_case,
+                       ["no_drafts", "all_drafts", "no_output", "unprocessed", "allowed_everywhere"])
+    _check_verify(case, want)
+
+
+def _bonus_expected(case, predict_bonus):
+    vocab = case["vocab"]
+    out = []
+    for r in case["requests"]:
+        history = list(r["output"]) + (list(r["drafts"]) if predict_bonus else [])
+        out.append(_argmax(_process(r["bonus_row"], vocab, r, history)))
+    return out
+
+
+def _bonus_case(rng):
+    vocab = int(rng.integers(24, 49))
+    n = int(rng.integers(3, 6))
+    pool = [int(t) for t in rng.choice(vocab, size=int(rng.integers(5, 9)), replace=False)]
+    reqs = []
+    for i in range(n):
+        output = [int(rng.choice(pool)) for _ in range(int(rng.integers(0, 4)))]
+        drafts = [] if i == n - 1 else [int(rng.choice(pool)) for _ in range(int(rng.integers(1, 4)))]
+        base = _eighths(rng, 2.5, 4.5)
+        strong = {}
+        for c in rng.choice(pool, size=3, replace=False):
+            strong[int(c)] = base + _eighths(rng, -1.5, 1.5)
+        req = {"prompt": [int(rng.integers(vocab))], "output": output, "drafts": drafts, "rows": [],
+               "bonus": 0, "bonus_row": _row(rng, vocab, strong)}
+        kind = int(rng.integers(3))
+        if kind == 0:
+            req["freq"] = _eighths(rng, 0.5, 2.0)
+        elif kind == 1:
+            req["pres"] = _eighths(rng, 0.5, 2.0)
+        hist = output + drafts
+        if kind == 2 or rng.integers(2):
+            p = int(rng.integers(1, min(2, len(hist)) + 1)) if hist else 0
+            req["bad"] = [(hist[len(hist) - p:] if p else []) + [int(rng.choice(list(strong)))]]
+        reqs.append(req)
+    return {"vocab": vocab, "requests": reqs}
 
 
 def test_bonus_token_history_includes_drafts():
     # Sampler(predict_bonus_token=True) penalises and bans with output + all drafts of a request;
     # predict_bonus_token=False with the output tokens only, even though spec_token_ids is set.
-    want_bonus, want_plain = _bonus_expected(_BONUS, True), _bonus_expected(_BONUS, False)
-    assert want_bonus != want_plain, "judge scenario does not tell the two histories apart"
-    got = _scenario("bonus")
+    rng = fresh()
+    for _ in range(2000):
+        case = _bonus_case(rng)
+        try:
+            want_bonus, want_plain = _bonus_expected(case, True), _bonus_expected(case, False)
+        except _Unclear:
+            continue
+        if want_bonus != want_plain:
+            break
+    else:
+        raise AssertionError("probe setup: no usable scenario drawn")
+    got = _drive("bonus", case)
+    assert isinstance(got, dict) and set(got) == {"True", "False"}, f"bonus sampling returned {got!r}"
     assert got["True"] == want_bonus, (
         f"bonus sampling (predict_bonus_token=True) gave {got['True']}, want {want_bonus} "
         f"(history: output tokens + all drafts)")
@@ -360,11 +463,41 @@ def test_bonus_token_history_includes_drafts():
         f"(history: output tokens only)")
 
 
+def _batch_case(rng):
+    names = [f"req-{int(x):06d}" for x in rng.choice(10 ** 6, size=9, replace=False)]
+    first_n = int(rng.integers(4, 8))
+    first, spare = names[:first_n], names[first_n:]
+    requests = {name: {"prompt": [int(t) for t in rng.integers(1, 64, int(rng.integers(1, 6)))],
+                       "output": [int(t) for t in rng.integers(1, 64, int(rng.integers(1, 5)))]}
+                for name in names}
+    # Distinct, non-empty drafts per request (and [] for the late one), so that any entry that
+    # lands on the wrong request shows.
+    seen, drafts = set(), {}
+    for name in first + ["rewritten"]:
+        while True:
+            d = tuple(int(t) for t in rng.integers(1, 64, int(rng.integers(1, 5))))
+            if d not in seen:
+                seen.add(d)
+                drafts[name] = list(d)
+                break
+    rewrite = str(rng.choice(first))
+    drafts2 = {rewrite: drafts.pop("rewritten")}
+    # Remove one or two requests (the late request reuses a slot that held drafts).
+    others = [name for name in first if name != rewrite]
+    remove = [str(x) for x in rng.choice(others, size=int(rng.integers(1, 3)), replace=False)]
+    late = spare[:1]
+    alive = first_n - len(remove) + len(late)
+    i1, i2 = (int(x) for x in rng.choice(alive, size=2, replace=False))
+    return {"requests": requests, "first": first, "drafts": drafts, "rewrite": rewrite,
+            "drafts2": drafts2, "remove": remove, "late": late, "swap": [i1, i2]}
+
+
 def test_input_batch_tracks_draft_tokens():
     # InputBatch.spec_token_ids follows each request through add (a fresh request gets [] even in a
     # reused slot), remove + condense and swap_states, and the batch's sampling metadata sees the
     # entries, also right after a write that did not rebuild the metadata.
-    case = _BATCH
+    rng = fresh()
+    case = _batch_case(rng)
     current = {name: [] for name in case["requests"]}
     expect_after = {
         "added": {},
@@ -373,7 +506,8 @@ def test_input_batch_tracks_draft_tokens():
         "removed, added, condensed": {},
         "swapped": {},
     }
-    snaps = _scenario("input_batch")
+    snaps = _drive("input_batch", case)
+    assert isinstance(snaps, list), f"driver returned {snaps!r}"
     labels = [s["label"] for s in snaps]
     assert labels == list(expect_after), f"driver snapshots {labels}"
     alive = set()
@@ -382,9 +516,10 @@ def test_input_batch_tracks_draft_tokens():
         if label == "added":
             alive = set(case["first"])
         if label == "removed, added, condensed":
-            alive = (alive - set(case["remove"])) | {case["late"]}
+            alive = (alive - set(case["remove"])) | set(case["late"])
         current.update({k: list(v) for k, v in expect_after[label].items()})
-        assert sorted(s["req_ids"]) == sorted(alive), f"{label}: batch holds {s['req_ids']}, want {sorted(alive)}"
+        assert isinstance(s["req_ids"], list) and sorted(s["req_ids"]) == sorted(alive), (
+            f"{label}: batch holds {s['req_ids']}, want {sorted(alive)}")
         want = [current[name] for name in s["req_ids"]]
         outs = [case["requests"][name]["output"] for name in s["req_ids"]]
         assert s["outputs"] == outs, f"{label}: output tokens {s['outputs']} do not follow {s['req_ids']}"
@@ -395,17 +530,27 @@ def test_input_batch_tracks_draft_tokens():
             f"want {want}")
 
 
+_BUILTINS = ["LogitBiasLogitsProcessor", "MinPLogitsProcessor", "MinTokensLogitsProcessor"]
+
+
 def test_logits_processors_under_speculative_decoding():
     # build_logitsprocs with a speculative config: no built-in processors, custom ones refused with
-    # ValueError naming STR_SPEC_DEC_REJECTS_LOGITSPROCS; without it the built-ins load as before.
-    # SamplingMetadata built without spec_token_ids has it None.
-    got = _scenario("logitsprocs")
-    assert got["plain"] == ["LogitBiasLogitsProcessor", "MinPLogitsProcessor", "MinTokensLogitsProcessor"], (
-        f"without speculative decoding build_logitsprocs loaded {got['plain']}")
+    # ValueError naming STR_SPEC_DEC_REJECTS_LOGITSPROCS; without it the built-ins and the custom
+    # ones load as before. SamplingMetadata built without spec_token_ids has it None.
+    rng = fresh()
+    customs = [f"Probe{int(x):08x}LogitsProcessor" for x in rng.choice(1 << 31, size=int(rng.integers(1, 4)),
+                                                                      replace=False)]
+    case = {"customs": customs, "method": str(rng.choice(["ngram", "eagle", "medusa"])),
+            "num_spec": int(rng.integers(1, 6)), "max_num_seqs": int(rng.integers(2, 64))}
+    got = _drive("logitsprocs", case)
+    want_plain = sorted(_BUILTINS + customs)
+    assert got["plain"] == want_plain, (
+        f"without speculative decoding build_logitsprocs loaded {got['plain']}, want {want_plain}")
     assert got["spec"] == [], f"with speculative decoding build_logitsprocs loaded {got['spec']}, want none"
-    assert got["constant"], "vllm.v1.sample.logits_processor.STR_SPEC_DEC_REJECTS_LOGITSPROCS is missing or not a non-empty str"
+    assert isinstance(got["constant"], str) and got["constant"], \
+        "vllm.v1.sample.logits_processor.STR_SPEC_DEC_REJECTS_LOGITSPROCS is missing or not a non-empty str"
     assert got["raised"] == "ValueError", (
         f"custom logits processors with speculative decoding: raised {got['raised']!r}, want ValueError")
-    assert got["constant"] in (got["message"] or ""), (
+    assert isinstance(got["message"], str) and got["constant"] in got["message"], (
         f"the ValueError's message {got['message']!r} does not contain STR_SPEC_DEC_REJECTS_LOGITSPROCS")
     assert got["default_spec_tokens_is_none"] is True, "SamplingMetadata().spec_token_ids does not default to None"

@@ -54,4 +54,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:b6e1a9c95492360877d01cbbae7cb09ba77b4c6a610fee60eda644ae367d76f5"
+HARNESS_DIGEST = "sha256:0be58e5f185f9d9166c14e43f50e1b86d24b7205346748c8be3a7cd4bae49f91"

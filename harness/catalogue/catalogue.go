@@ -31,7 +31,8 @@ type Row struct {
 	GPUs       int      `json:"gpus"`      // what an attempt here needs
 	PoolGPUs   int      `json:"pool_gpus"` // what the change's own tests use upstream
 	// Status is the current record's: cpu, gpu (validated in full, without or with GPUs) or
-	// gpu-pending (needs GPUs; every check that needs none passed); stale (a record for
+	// gpu-pending (needs GPUs; every check that needs none passed) or cpu-pending (gold resolves
+	// under the probes, the rest of the validation still to run); stale (a record for
 	// another version of the task, probes or environment) or unvalidated (no record).
 	Status string `json:"status"`
 }

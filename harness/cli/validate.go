@@ -31,6 +31,7 @@ func newValidateCmd(g *globals) *cobra.Command {
 		record            bool
 		jobs              int
 		gpus, offline     bool
+		goldOnly          bool
 	}
 	cmd := &cobra.Command{
 		Use:   "validate [TASK_DIR...]",
@@ -59,6 +60,10 @@ every interface the probes use that the gold patch provides. Unless --schema-onl
 and print a table per task with the time it took. Every probe must be failed by at least one
 sample: a probe that no wrong patch fails has shown no power to tell wrong from right.
 
+--gold-only stops a task that needs no GPU after its own check and gold's runs: a first step
+after its probes changed, recorded as cpu-pending (gold resolves under them; the rest is still
+to run). A later full validation replaces that record; a gold-only one never replaces a full one.
+
 A task whose attempts need GPUs gets only the task's own check unless --gpus is given (its
 record then says gpu-pending); with --gpus (what a GPU pool runs) it is validated in full on
 this machine's GPUs and its record says gpu, naming the machine class. A task needing more
@@ -83,8 +88,8 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 			if len(dirs) == 0 {
 				return fault.Inputf("no tasks to validate")
 			}
-			if o.offline && (o.gpus || o.record) {
-				return fault.Inputf("--offline runs nothing: it takes neither --gpus nor --record")
+			if o.offline && (o.gpus || o.record || o.goldOnly) {
+				return fault.Inputf("--offline runs nothing: it takes neither --gpus, --record nor --gold-only")
 			}
 			mirrors, err := g.mirrorMap()
 			if err != nil {
@@ -173,7 +178,7 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 					defer wg.Done()
 					sem <- struct{}{}
 					defer func() { <-sem }()
-					reports[i], errsOut[i] = validateOne(cmd, g, rn, it, layout, images[it.Task.ID], o.runs, o.out, !o.noTamper, o.updateBaseline, gpus)
+					reports[i], errsOut[i] = validateOne(cmd, g, rn, it, layout, images[it.Task.ID], o.runs, o.out, !o.noTamper, o.updateBaseline, o.goldOnly, gpus)
 					if errsOut[i] == nil && o.record && reports[i].OK() {
 						recordErrs[i] = writeRecord(g, it, o.envs, envImages[it.Task.Environment], reports[i])
 					}
@@ -209,6 +214,9 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 				if rep.Fault != "" {
 					goldCol, samplesCol = "-", "-"
 				}
+				if rep.GoldOnly && rep.OK() {
+					samplesCol, check = "-", "ok, gold only: cpu-pending (the empty patch, samples, tamper and forgery checks still to run)"
+				}
 				if rep.Pending && rep.Fault == "" {
 					goldCol, samplesCol = "-", "-"
 					check = fmt.Sprintf("ok without GPUs: gpu-pending (needs %d, --gpus on a machine with them validates it)", items[i].Task.Resources.GPUs.Count)
@@ -243,6 +251,7 @@ Exit codes: 0 every check passed; 1 a check failed; 2 a spec is invalid; 3 infra
 	f.IntVar(&o.jobs, "jobs", 1, "tasks validated at once (budgeted probes measure time and memory: more at once makes them noisier)")
 	f.BoolVar(&o.noTamper, "no-tamper", false, "skip the tamper check (every sample and the empty patch again with an in-process cheat)")
 	f.BoolVar(&o.gpus, "gpus", false, "validate tasks that need GPUs in full on this machine's GPUs (without it they get only the checks that need none)")
+	f.BoolVar(&o.goldOnly, "gold-only", false, "stop after the task check and gold's runs (a task needing no GPU; its record says cpu-pending)")
 	f.BoolVar(&o.offline, "offline", false, "run nothing and read no mirror: check the specs and that every task's validation record is current")
 	return cmd
 }
@@ -301,7 +310,7 @@ func writeRecord(g *globals, it validate.Item, envs, ranOn string, rep *validate
 
 // validateOne validates one task with its gold patch (read from the task).
 func validateOne(cmd *cobra.Command, g *globals, rn validate.Runner, it validate.Item, layout, img string,
-	runs int, out string, tamper, updateBaseline bool, gpus int) (*validate.Report, error) {
+	runs int, out string, tamper, updateBaseline, goldOnly bool, gpus int) (*validate.Report, error) {
 	t, p, ss := it.Task, it.Probes, it.Samples
 	gold, err := os.ReadFile(t.GoldFile())
 	if err != nil {
@@ -312,7 +321,7 @@ func validateOne(cmd *cobra.Command, g *globals, rn validate.Runner, it validate
 		return nil, err
 	}
 	return validate.Task(cmd.Context(), rn, runner.Inputs{Task: t, Probes: p, Layout: layout, Image: img}, ss, gold,
-		validate.Options{Runs: runs, Out: out, Tamper: tamper, OnGold: onGold, GPUs: gpus,
+		validate.Options{Runs: runs, Out: out, Tamper: tamper, OnGold: onGold, GPUs: gpus, GoldOnly: goldOnly,
 			Baseline: func(golds []*result.Result) (string, *probe.Set, error) {
 				note, err := validate.Baseline(t, p, golds, img, Version, updateBaseline)
 				if err != nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infradev/infradev/harness/image"
 	"github.com/infradev/infradev/harness/internal/testenv"
 	"github.com/infradev/infradev/harness/probe"
 	"github.com/infradev/infradev/harness/result"
@@ -185,5 +186,60 @@ func TestLegacyRecordIsCurrentButMarked(t *testing.T) {
 	os.WriteFile(filepath.Join(ps.Dir, validate.RecordFile), []byte(`{"schema": "infradev.validation/v0", "status": "cpu"}`), 0o644)
 	if _, err := validate.ReadRecord(ps.Dir); err == nil || !strings.Contains(err.Error(), "field schema") || !strings.Contains(err.Error(), validate.RecordFile) {
 		t.Errorf("unknown schema: %v", err)
+	}
+}
+
+// A task needing no GPU validated with GoldOnly runs the task check and gold alone; its record
+// says cpu-pending (current, with a note), which never replaces a full cpu record.
+func TestGoldOnlyIsCPUPending(t *testing.T) {
+	tk, ps := gpuTask(t, 0)
+	in := runner.Inputs{Task: tk, Probes: ps}
+	f := &fakeRunner{}
+	rep, err := validate.Task(context.Background(), f, in, nil, []byte("gold"), validate.Options{Out: t.TempDir(), Runs: 2, GoldOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.GoldOnly || !rep.OK() || f.checks != 1 || strings.Join(f.runs, ",") != "gold-1,gold-2" {
+		t.Fatalf("gold only: report %+v, checks %d, runs %v; want the task check and two gold runs", rep, f.checks, f.runs)
+	}
+	td, pd, _ := validate.Digests(tk, ps.Dir)
+	rec, err := validate.NewRecord(rep, tk, ps.Dir, td, pd, "sha256:env", "h", "cpu", time.Unix(0, 0))
+	if err != nil || rec.Status != "cpu-pending" || rec.GoldRuns != 2 || rec.GoldResolved != 2 {
+		t.Fatalf("record of a gold-only validation: %+v, %v; want cpu-pending with gold 2/2", rec, err)
+	}
+	// Gold that did not resolve every time earns nothing.
+	if _, err := validate.NewRecord(&validate.Report{Task: tk.ID, GoldOnly: true, GoldRuns: 2, GoldResolved: 1}, tk, ps.Dir, td, pd, "sha256:env", "h", "cpu", time.Unix(0, 0)); err == nil {
+		t.Error("gold 1/2 got a cpu-pending record")
+	}
+
+	envDir := t.TempDir()
+	if err := image.WriteLock(envDir, &image.Lock{Schema: image.LockSchema, Name: "demo", Manifest: "sha256:env"}); err != nil {
+		t.Fatal(err)
+	}
+	it := validate.Item{Task: tk, Probes: ps, TaskDigest: td, ProbesDigest: pd}
+	if err := validate.RecordPinned(it, envDir, "sha256:env", "h", "cpu", rep, time.Unix(0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	p, note, err := validate.CheckRecord(tk, ps.Dir, "sha256:env")
+	if err != nil || p != "" || !strings.Contains(note, "cpu-pending: gold resolves 2/2") {
+		t.Fatalf("current cpu-pending record: problem %q note %q err %v", p, note, err)
+	}
+	// A full validation replaces it; a later gold-only one does not undo the full one.
+	full := &validate.Report{Task: tk.ID, GoldRuns: 3, GoldResolved: 3, TamperRuns: 3, TamperOK: 3, Forgeries: 3, ForgeriesOK: 3}
+	if err := validate.RecordPinned(it, envDir, "sha256:env", "h", "cpu", full, time.Unix(0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := validate.RecordPinned(it, envDir, "sha256:env", "h", "cpu", rep, time.Unix(0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := validate.ReadRecord(ps.Dir); got == nil || got.Status != "cpu" {
+		t.Fatalf("after a gold-only run over a full record: %+v, want the full cpu record kept", got)
+	}
+	// A GPU task's record is never cpu-pending.
+	gk, gs := gpuTask(t, 1)
+	grep, _ := validate.Task(context.Background(), &fakeRunner{}, runner.Inputs{Task: gk, Probes: gs}, nil, []byte("gold"), validate.Options{Out: t.TempDir(), GoldOnly: true})
+	gtd, gpd, _ := validate.Digests(gk, gs.Dir)
+	if grec, err := validate.NewRecord(grep, gk, gs.Dir, gtd, gpd, "sha256:env", "h", "cpu", time.Unix(0, 0)); err != nil || grec.Status != "gpu-pending" {
+		t.Errorf("GPU task under --gold-only: %+v, %v; want gpu-pending", grec, err)
 	}
 }

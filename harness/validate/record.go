@@ -28,7 +28,7 @@ const RecordSchema = "infradev.validation/v2"
 const LegacySchema = "infradev.validation/v1"
 
 // Statuses are what a record may say of its task (see Record.Status).
-var Statuses = []string{"cpu", "gpu", "gpu-pending"}
+var Statuses = []string{"cpu", "cpu-pending", "gpu", "gpu-pending"}
 
 // RecordFile is where a task's validation record is kept, beside its probes.
 const RecordFile = "validation.json"
@@ -41,7 +41,8 @@ type Record struct {
 	Task   string `json:"task"`
 	// Status is "cpu" (fully validated without GPUs), "gpu" (a task needing GPUs, fully
 	// validated on them: Hardware names the machine class) or "gpu-pending" (a task needing
-	// GPUs that got every check that needs none: see Options.GPUs).
+	// GPUs that got every check that needs none: see Options.GPUs) or "cpu-pending" (a task
+	// needing no GPU that got the task check and gold's runs alone: see Options.GoldOnly).
 	Status   string `json:"status"`
 	Hardware string `json:"hardware"`
 	// Digests of the task directory, the probes directory (samples included) and the
@@ -87,7 +88,8 @@ func NewRecord(rep *Report, t *task.Task, probesDir, taskDigest, probesDigest, e
 	full := rep.GoldRuns > 0 && rep.GoldResolved == rep.GoldRuns && rep.SamplesOK == rep.Samples &&
 		rep.TamperRuns > 0 && rep.TamperOK == rep.TamperRuns && rep.Forgeries > 0 && rep.ForgeriesOK == rep.Forgeries
 	pending := rep.Pending && t.Resources.GPUs.Count > 0
-	if !rep.OK() || rep.Task != t.ID || (!full && !pending) || (rep.Pending && !pending) {
+	goldOnly := rep.GoldOnly && t.Resources.GPUs.Count == 0 && rep.GoldRuns > 0 && rep.GoldResolved == rep.GoldRuns
+	if !rep.OK() || rep.Task != t.ID || (!full && !pending && !goldOnly) || (rep.Pending && !pending) || (rep.GoldOnly && !goldOnly) {
 		return nil, fmt.Errorf("task %s did not validate: no record", t.ID)
 	}
 	td, pd, err := Digests(t, probesDir)
@@ -101,6 +103,8 @@ func NewRecord(rep *Report, t *task.Task, probesDir, taskDigest, probesDigest, e
 	switch {
 	case pending:
 		status = "gpu-pending"
+	case goldOnly:
+		status = "cpu-pending"
 	case t.Resources.GPUs.Count > 0:
 		if hardware == "cpu" {
 			return nil, fmt.Errorf("task %s needs %d GPU(s) but was validated without one: no record", t.ID, t.Resources.GPUs.Count)
@@ -195,11 +199,14 @@ func CheckRecord(t *task.Task, probesDir, environment string) (problem, note str
 		return fmt.Sprintf("%s: stale: %s changed since it was written (validate again)", file, changed), "", nil
 	}
 	needs := t.Resources.GPUs.Count > 0
-	if needs == (rec.Status == "cpu") {
+	if needs == strings.HasPrefix(rec.Status, "cpu") {
 		return fmt.Sprintf("%s: field status: %q, but the task needs %d GPU(s)", file, rec.Status, t.Resources.GPUs.Count), "", nil
 	}
-	if rec.Legacy {
+	switch {
+	case rec.Legacy:
 		note = fmt.Sprintf("%s: schema %q: validated before the forgery check (validate --record again to prove its probes withstand forging children)", file, LegacySchema)
+	case rec.Status == "cpu-pending":
+		note = fmt.Sprintf("%s: cpu-pending: gold resolves %d/%d under these probes; the empty patch, samples, tamper and forgery checks are still to run (validate --record)", file, rec.GoldResolved, rec.GoldRuns)
 	}
 	return "", note, nil
 }

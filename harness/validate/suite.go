@@ -165,9 +165,9 @@ func RecordPinned(it Item, envDir, ranOn, harness, hardware string, rep *Report,
 	if err != nil {
 		return err
 	}
-	if rec.Status == "gpu-pending" {
-		// A machine with too few GPUs does not undo what a bigger one validated.
-		if old, err := ReadRecord(it.Probes.Dir); err == nil && old != nil && old.Status == "gpu" {
+	if full := map[string]string{"gpu-pending": "gpu", "cpu-pending": "cpu"}[rec.Status]; full != "" {
+		// A machine with too few GPUs, or a gold-only run, does not undo a full validation.
+		if old, err := ReadRecord(it.Probes.Dir); err == nil && old != nil && old.Status == full && !old.Legacy {
 			if changed, err := old.Stale(it.Task, it.Probes.Dir, lock.Manifest); err == nil && changed == "" {
 				return nil
 			}

@@ -47,6 +47,9 @@ type Options struct {
 	// official test files and probes import and are collected on CPU) and is reported
 	// Pending.
 	GPUs int
+	// GoldOnly stops after the task check and gold's runs (budgets included) for a task that
+	// needs no GPU: its record then says cpu-pending, a first step after its probes changed.
+	GoldOnly bool
 }
 
 // Report is one task's validation.
@@ -56,7 +59,9 @@ type Report struct {
 	Fault string
 	// Pending: the task needs more GPUs than validation had; only the task check ran (and
 	// passed, unless Fault is set).
-	Pending      bool
+	Pending bool
+	// GoldOnly: only the task check and gold's runs ran (Options.GoldOnly).
+	GoldOnly     bool
 	GoldResolved int
 	GoldRuns     int
 	Empty        string // the empty patch's failure class
@@ -144,6 +149,11 @@ func Task(ctx context.Context, rn Runner, in runner.Inputs, ss *samples.Set, gol
 		if !judged.Resolved {
 			problem("gold fails its own budgets: %s", judged.Reason)
 		}
+	}
+
+	if o.GoldOnly && t.Resources.GPUs.Count == 0 {
+		rep.GoldOnly = true
+		return rep, nil
 	}
 
 	// The base: every fail-to-pass test fails there and every pass-to-pass test passes.

@@ -217,7 +217,8 @@ func TestValidateNamesBrokenProbes(t *testing.T) {
 		want   string
 	}{
 		{"in-process probe", func(src string) string {
-			return strings.Replace(src, "import numpy as np\n", "import numpy as np\nfrom minitron.model import MLP  # judged in process\n", 1)
+			anchor := "from infradev_probe import "
+			return strings.Replace(src, anchor, "from minitron.model import MLP  # judged in process\n"+anchor, 1)
 		}, `probes/test_probes.py:7: imports 'minitron.model' from the task repository in the judging process`},
 		{"syntax error", func(src string) string { return src + "\n\ndef broken(:\n    pass\n" }, `probes/test_probes.py:[0-9]+: syntax error`},
 		{"unknown probe test", func(src string) string {
@@ -234,7 +235,11 @@ func TestValidateNamesBrokenProbes(t *testing.T) {
 			}
 			file := filepath.Join(tree, "probes/demo/minitron-0001/test_probes.py")
 			src, _ := os.ReadFile(file)
-			if err := os.WriteFile(file, []byte(c.change(string(src))), 0o644); err != nil {
+			changed := c.change(string(src))
+			if changed == string(src) {
+				t.Fatalf("the case's edit of %s changed nothing: the probe file no longer holds what it edits", file)
+			}
+			if err := os.WriteFile(file, []byte(changed), 0o644); err != nil {
 				t.Fatal(err)
 			}
 			code, stdout, stderr := infradev(t, append(storeFlags(t), "validate", "--runs", "1",

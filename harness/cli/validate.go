@@ -288,7 +288,7 @@ func checkRecords(cmd *cobra.Command, items []validate.Item, envs string) error 
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "%d task(s): every validation record current", len(items))
 	if len(notes) > 0 {
-		fmt.Fprintf(cmd.OutOrStdout(), ", %d of them made before the forgery check", len(notes))
+		fmt.Fprintf(cmd.OutOrStdout(), ", %d of them not validated in full as the harness now validates (noted above)", len(notes))
 	}
 	fmt.Fprintln(cmd.OutOrStdout())
 	return nil

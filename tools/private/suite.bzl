@@ -54,4 +54,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:0be58e5f185f9d9166c14e43f50e1b86d24b7205346748c8be3a7cd4bae49f91"
+HARNESS_DIGEST = "sha256:347853ed166431e49ce46770d472097b994f6a95e2b92ef503e228c334de9ace"

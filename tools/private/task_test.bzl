@@ -5,7 +5,9 @@ load(":providers.bzl", "InfradevEnvDefinitionInfo", "InfradevImageInfo")
 # An upstream task's image is its framework environment plus its repository at the base
 # commit: run-task builds it (cached layers come from INFRADEV_STORE, the repository from
 # INFRADEV_GIT_MIRRORS, both passed with --test_env), and derives the task's files the same way.
-_UPSTREAM_IMAGE = '--environments "{environments}"'
+# It reads the environments' definitions from a staged copy (links followed), as it reads them
+# from a checkout: the runfiles tree holds links, which a copy step would copy as links.
+_UPSTREAM_IMAGE = '--environments "$TEST_TMPDIR/environments"'
 _UPSTREAM_STORE = '--store "${{INFRADEV_STORE:-$TEST_TMPDIR/store}}"'
 
 def _runfile(f):
@@ -36,7 +38,10 @@ def _task_test_impl(ctx):
     if ctx.attr.upstream:
         if InfradevEnvDefinitionInfo not in env:
             fail("%s: an upstream task's environment must be an infradev_env_definition" % ctx.label)
-        image_args = _UPSTREAM_IMAGE.format(environments = _dir(env[InfradevEnvDefinitionInfo].spec).rsplit("/", 1)[0])
+        envs_root = _dir(env[InfradevEnvDefinitionInfo].spec).rsplit("/", 1)[0]
+        env_files = env[InfradevEnvDefinitionInfo].files.to_list()
+        stage_envs = 'stage %s "$TEST_TMPDIR/environments" %s' % (_quote(envs_root), _relative(env_files, envs_root, "environment file"))
+        image_args = _UPSTREAM_IMAGE
         store_args = _UPSTREAM_STORE.format()
     else:
         if InfradevImageInfo not in env:
@@ -44,6 +49,7 @@ def _task_test_impl(ctx):
         img = env[InfradevImageInfo]
         image_args = '--layout "%s" --image "$(cat "%s")"' % (_runfile(img.layout), _runfile(img.digest))
         store_args = ""
+        stage_envs = ""
     script = ctx.actions.declare_file(ctx.label.name + ".sh")
     ctx.actions.expand_template(
         template = ctx.file._template,
@@ -55,6 +61,7 @@ def _task_test_impl(ctx):
             "%PROBES%": _dir(probes[0]),
             "%PROBE_FILES%": _relative(ctx.files.probes, _dir(probes[0]), "probe file"),
             "%IMAGE%": image_args,
+            "%STAGE_ENVIRONMENTS%": stage_envs,
             "%STORE%": store_args,
             "%PATCH%": _runfile(ctx.file.submission),
             "%DIGEST%": _runfile(ctx.file.submission_digest),

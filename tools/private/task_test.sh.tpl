@@ -14,6 +14,7 @@ stage() { # stage DIR DEST FILE...: copy FILEs (relative to DIR), following link
 }
 stage "%TASK%" "$TEST_TMPDIR/task" %TASK_FILES%
 stage "%PROBES%" "$TEST_TMPDIR/probes" %PROBE_FILES%
+%STAGE_ENVIRONMENTS%
 out="${TEST_UNDECLARED_OUTPUTS_DIR:-$TEST_TMPDIR}/run"
 exec "%INFRADEV%" --cache "${INFRADEV_CACHE:-$TEST_TMPDIR/cache}" %STORE% run-task \
   --task "$TEST_TMPDIR/task" --probes "$TEST_TMPDIR/probes" %IMAGE% \

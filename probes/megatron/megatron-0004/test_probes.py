@@ -1,312 +1,545 @@
 """Hidden probes for megatron-0004 (KV / Mamba-state reshard planners).
 
-The judge never imports megatron: each probe builds layouts and plans in a child process, gets
-the plan back as plain tuples, and replays it here on numpy arrays built from the judge's own
-idea of who owns what."""
+The judge never imports megatron. Every probe draws its scenario with `fresh()`: model sizes,
+the prefill and decode parallel layouts (TP, PP, explicit uneven windows, replicas and their
+scrambled global ranks), the Mamba dimensions. The child builds layouts and plans and sends the
+plan back as plain rows; the judge computes the plan the rules give (which pairs overlap, which
+replica sends) and also replays the child's plan on numpy arrays built from its own idea of who
+owns what, checking every destination is rebuilt exactly and nothing is sent twice."""
 
 import numpy as np
 
-from infradev_probe import run
+from infradev_probe import fresh, run
+
+
+def _overlap(a, b):
+    lo, hi = max(a[0], b[0]), min(a[1], b[1])
+    return (lo, hi) if lo < hi else None
+
+
+def _cuts(rng, total, parts):
+    """`parts` contiguous non-empty windows over [0, total), drawn."""
+    inner = sorted(int(c) for c in rng.choice(range(1, total), size=parts - 1, replace=False)) if parts > 1 else []
+    edges = [0] + inner + [total]
+    return [(a, b - a) for a, b in zip(edges, edges[1:])]
+
+
+def _ranks(rng, count, base):
+    return [int(base + r) for r in rng.permutation(count * 3)[:count]]
+
 
 # ---------------------------------------------------------------------------------------------
-# KV: a source instance whose replicas are listed largest-rank first, and in scrambled order.
+# KV
 # ---------------------------------------------------------------------------------------------
 
-KV_LAYERS, KV_HEADS = 12, 8
-
-
-def _kv_sources():
-    """(global_rank, tp, tp_rank, pp, pp_rank, ep, ep_rank) for a TP2 x PP2 x EP2 prefill
-    instance. Within each attention shard the first-listed replica has the larger rank."""
+def _kv_instance(rng, L, H, base, uneven, replicated=True):
+    """Layout tuples (global_rank, tp, tp_rank, pp, pp_rank, ep, ep_rank, etp, etp_rank,
+    layer_start, num_local_layers) of one instance, with EP/ETP replicas and scrambled ranks."""
+    tps = [t for t in (1, 2, 4, 8) if H % t == 0]
+    tp = int(rng.choice(tps))
+    pps = [p for p in range(1, 5) if p <= L and (uneven or L % p == 0)]
+    pp = int(rng.choice(pps))
+    windows = _cuts(rng, L, pp) if uneven else [(r * (L // pp), L // pp) for r in range(pp)]
+    ep, etp = (int(rng.integers(1, 4)), int(rng.integers(1, 3))) if replicated else (1, 1)
+    count = tp * pp * ep * etp
+    ranks = iter(_ranks(rng, count, base))
     out = []
-    ranks = iter([7, 3, 6, 0, 5, 2, 4, 1])
-    for pp_rank in range(2):
-        for tp_rank in range(2):
-            for ep_rank in range(2):
-                out.append((next(ranks), 2, tp_rank, 2, pp_rank, 2, ep_rank))
-    order = [5, 0, 3, 6, 1, 7, 2, 4]
-    return [out[i] for i in order]
+    for pr in range(pp):
+        for tr in range(tp):
+            for er in range(ep):
+                for xr in range(etp):
+                    start, n = windows[pr] if uneven else (None, None)
+                    out.append([next(ranks), tp, tr, pp, pr, ep, er, etp, xr, start, n])
+    return [out[int(i)] for i in rng.permutation(len(out))]
 
 
-def _kv_dests():
-    """A TP4 x PP3 decode instance whose ranks carry an EP2 replica each (24 ranks from 100)."""
-    out = []
-    rank = 100
-    for pp_rank in range(3):
-        for tp_rank in range(4):
-            for ep_rank in range(2):
-                out.append((rank, 4, tp_rank, 3, pp_rank, 2, ep_rank))
-                rank += 1
-    return out
+def _first_listed_differs(srcs, key):
+    """Whether some shard's first-listed replica is not its smallest rank (so a planner that
+    keeps the first one listed sends from the wrong replica)."""
+    first, smallest = {}, {}
+    for t in srcs:
+        first.setdefault(key(t), t[0])
+        smallest[key(t)] = min(t[0], smallest.get(key(t), t[0]))
+    return first != smallest
 
 
-def _kv_ranges(tp, tp_rank, pp, pp_rank):
-    lp, hp = KV_LAYERS // pp, KV_HEADS // tp
-    return (pp_rank * lp, (pp_rank + 1) * lp), (tp_rank * hp, (tp_rank + 1) * hp)
+def _kv_ranges(t, L, H):
+    _, tp, tr, pp, pr, _, _, _, _, start, n = t
+    if start is not None:
+        layers = (start, start + n)
+    else:
+        layers = (pr * (L // pp), (pr + 1) * (L // pp))
+    return layers, (tr * (H // tp), (tr + 1) * (H // tp))
+
+
+def _kv_plan(srcs, dsts, L, H):
+    """The plan the rules give, as rows (src, dst, layer lo, layer hi, head lo, head hi)."""
+    rep = {}
+    for t in srcs:
+        key = (t[2], t[4])
+        rep[key] = min(t[0], rep.get(key, t[0]))
+    senders = set(rep.values())
+    rows = []
+    for s in srcs:
+        if s[0] not in senders:
+            continue
+        sl, sh = _kv_ranges(s, L, H)
+        for d in dsts:
+            dl, dh = _kv_ranges(d, L, H)
+            lo, ho = _overlap(sl, dl), _overlap(sh, dh)
+            if lo and ho:
+                rows.append([s[0], d[0], lo[0], lo[1], ho[0], ho[1]])
+    return sorted(rows)
+
+
+KV_DRIVER = """
+from megatron.core.inference.disaggregation.kv_reshard import KVShardLayout, plan_kv_reshard
+from megatron.core.inference.disaggregation.utils import transfers_for_dst, transfers_for_src
+
+def mk(t):
+    g, tp, tr, pp, pr, ep, er, etp, xr, start, n = t
+    kw = {} if start is None else {"layer_start": start, "num_local_layers": n}
+    return KVShardLayout(ARGS["L"], ARGS["H"], tp, tr, pp, pr, g, ep_size=ep, ep_rank=er,
+                         etp_size=etp, etp_rank=xr, **kw)
+
+srcs = [mk(t) for t in ARGS["srcs"]]
+dsts = [mk(t) for t in ARGS["dsts"]]
+by_src = {s.global_rank: s for s in srcs}
+by_dst = {d.global_rank: d for d in dsts}
+plan = plan_kv_reshard(srcs, dsts)
+
+def row(t):
+    s, d = by_src[t.src_rank], by_dst[t.dst_rank]
+    sl, sh = t.src_layer_slice(s), t.src_head_slice(s)
+    dl, dh = t.dst_layer_slice(d), t.dst_head_slice(d)
+    return [t.src_rank, t.dst_rank, t.global_layer_lo, t.global_layer_hi, t.global_head_lo,
+            t.global_head_hi, sl.start, sl.stop, sh.start, sh.stop, dl.start, dl.stop, dh.start, dh.stop]
+
+emit(plan=[row(t) for t in plan],
+     local=[[d.global_rank, d.local_num_layers(), d.local_num_heads(), *d.layer_range(), *d.head_range()]
+            for d in dsts],
+     for_dst=[[g, [row(t) for t in transfers_for_dst(plan, g)]] for g in ARGS["probe_dsts"]],
+     for_src=[[s, [row(t) for t in transfers_for_src(plan, s)]] for s in ARGS["probe_srcs"]])
+"""
 
 
 def test_kv_each_shard_is_sent_once_by_its_smallest_replica():
-    srcs, dsts = _kv_sources(), _kv_dests()
-    out = run("""
-        from megatron.core.inference.disaggregation.kv_reshard import KVShardLayout, plan_kv_reshard
-
-        def mk(t):
-            g, tp, tr, pp, pr, ep, er = t
-            return KVShardLayout(ARGS["L"], ARGS["H"], tp, tr, pp, pr, g, ep_size=ep, ep_rank=er)
-
-        srcs = [mk(t) for t in ARGS["srcs"]]
-        dsts = [mk(t) for t in ARGS["dsts"]]
-        by_src = {s.global_rank: s for s in srcs}
-        by_dst = {d.global_rank: d for d in dsts}
-        plan = plan_kv_reshard(srcs, dsts)
-        rows = []
-        for t in plan:
-            s, d = by_src[t.src_rank], by_dst[t.dst_rank]
-            sl, sh = t.src_layer_slice(s), t.src_head_slice(s)
-            dl, dh = t.dst_layer_slice(d), t.dst_head_slice(d)
-            rows.append([t.src_rank, t.dst_rank, t.global_layer_lo, t.global_layer_hi,
-                         t.global_head_lo, t.global_head_hi,
-                         sl.start, sl.stop, sh.start, sh.stop, dl.start, dl.stop, dh.start, dh.stop])
-        emit(plan=rows, local=[[d.global_rank, d.local_num_layers(), d.local_num_heads()] for d in dsts])
-    """, {"srcs": srcs, "dsts": dsts, "L": KV_LAYERS, "H": KV_HEADS})
-
+    rng = fresh()
+    L = int(rng.integers(4, 25))
+    H = int(rng.choice([4, 8, 16, 24]))
+    while True:
+        srcs = _kv_instance(rng, L, H, 0, bool(rng.random() < 0.4))
+        if _first_listed_differs(srcs, lambda t: (t[2], t[4])):
+            break
+    dsts = []
+    for k in range(int(rng.integers(1, 3))):  # one or two decode instances
+        dsts += _kv_instance(rng, L, H, 1000 * (k + 1), bool(rng.random() < 0.4))
+    probe_dsts = [int(g) for g in rng.choice([d[0] for d in dsts], size=2, replace=False)]
+    probe_srcs = [int(g) for g in rng.choice([s[0] for s in srcs], size=min(3, len(srcs)), replace=False)]
+    out = run(KV_DRIVER, {"srcs": srcs, "dsts": dsts, "L": L, "H": H,
+                          "probe_dsts": probe_dsts, "probe_srcs": probe_srcs})
+    what = f"L={L}, H={H}, {len(srcs)} sources, {len(dsts)} destinations"
     src_info = {t[0]: t for t in srcs}
-    smallest = {}
-    for g, tp, tr, pp, pr, _, _ in srcs:
-        smallest[(tr, pr)] = min(g, smallest.get((tr, pr), g))
-    glob = (np.arange(KV_LAYERS)[:, None] * 1000 + np.arange(KV_HEADS)[None, :]).astype(np.int64)
+    dst_info = {t[0]: t for t in dsts}
+    want_plan = _kv_plan(srcs, dsts, L, H)
+    got_plan = sorted(r[:6] for r in out["plan"])
+    assert got_plan == want_plan, f"{what}: plan (src, dst, layers, heads) {got_plan}, want {want_plan}"
 
+    glob = (np.arange(L)[:, None] * 1000 + np.arange(H)[None, :]).astype(np.int64)
     bufs, want = {}, {}
-    for g, tp, tr, pp, pr, _, _ in dsts:
-        (l0, l1), (h0, h1) = _kv_ranges(tp, tr, pp, pr)
+    for g, t in dst_info.items():
+        (l0, l1), (h0, h1) = _kv_ranges(t, L, H)
         bufs[g] = np.full((l1 - l0, h1 - h0), -1, np.int64)
         want[g] = glob[l0:l1, h0:h1]
-    for g, nl, nh in out["local"]:
-        assert (nl, nh) == want[g].shape, f"dst {g}: local shape {(nl, nh)}, want {want[g].shape}"
-
-    pairs = set()
+    for g, nl, nh, l0, l1, h0, h1 in out["local"]:
+        (wl0, wl1), (wh0, wh1) = _kv_ranges(dst_info[g], L, H)
+        assert (nl, nh, l0, l1, h0, h1) == (wl1 - wl0, wh1 - wh0, wl0, wl1, wh0, wh1), \
+            f"{what}: dst {g}: local sizes and ranges {(nl, nh, l0, l1, h0, h1)}"
     written = 0
     for row in out["plan"]:
         s, d, llo, lhi, hlo, hhi = row[:6]
-        sl = row[6:10]
-        assert s in src_info, f"transfer from unknown source rank {s}"
-        _, tp, tr, pp, pr, _, _ = src_info[s]
-        assert s == smallest[(tr, pr)], (
-            f"shard (tp_rank={tr}, pp_rank={pr}) is sent by rank {s}, not by its smallest replica "
-            f"{smallest[(tr, pr)]}")
-        assert (s, d) not in pairs, f"two transfers for the pair ({s}, {d})"
-        pairs.add((s, d))
-        (sl0, sl1), (sh0, sh1) = _kv_ranges(tp, tr, pp, pr)
-        assert sl0 <= llo < lhi <= sl1 and sh0 <= hlo < hhi <= sh1, f"transfer {row} outside its source"
-        assert sl == [llo - sl0, lhi - sl0, hlo - sh0, hhi - sh0], f"source slices of {row}"
-        _, dtp, dtr, dpp, dpr, _, _ = next(t for t in dsts if t[0] == d)
-        (dl0, _), (dh0, _) = _kv_ranges(dtp, dtr, dpp, dpr)
-        dst_sl = [llo - dl0, lhi - dl0, hlo - dh0, hhi - dh0]
-        assert row[10:] == dst_sl, f"destination slices of {row}"
-        src_block = glob[sl0:sl1, sh0:sh1][llo - sl0:lhi - sl0, hlo - sh0:hhi - sh0]
-        bufs[d][dst_sl[0]:dst_sl[1], dst_sl[2]:dst_sl[3]] = src_block
-        written += src_block.size
+        (sl0, _), (sh0, _) = _kv_ranges(src_info[s], L, H)
+        (dl0, _), (dh0, _) = _kv_ranges(dst_info[d], L, H)
+        assert row[6:10] == [llo - sl0, lhi - sl0, hlo - sh0, hhi - sh0], f"{what}: source slices of {row}"
+        assert row[10:] == [llo - dl0, lhi - dl0, hlo - dh0, hhi - dh0], f"{what}: destination slices of {row}"
+        bufs[d][row[10]:row[11], row[12]:row[13]] = glob[llo:lhi, hlo:hhi]
+        written += (lhi - llo) * (hhi - hlo)
     for g in bufs:
-        np.testing.assert_array_equal(bufs[g], want[g], err_msg=f"destination rank {g}")
-    assert written == sum(w.size for w in want.values()), "some KV entries were sent more than once"
+        np.testing.assert_array_equal(bufs[g], want[g], err_msg=f"{what}: destination rank {g}")
+    assert written == sum(w.size for w in want.values()), f"{what}: some KV entries were sent more than once"
+    for g, rows in out["for_dst"]:
+        want_rows = [r for r in out["plan"] if r[1] == g]
+        assert sorted(r[:6] for r in rows) == [r for r in want_plan if r[1] == g] and rows == want_rows, \
+            f"{what}: transfers_for_dst(plan, {g}) {rows}"
+    for g, rows in out["for_src"]:
+        assert sorted(r[:6] for r in rows) == [r for r in want_plan if r[0] == g] \
+            and rows == [r for r in out["plan"] if r[0] == g], f"{what}: transfers_for_src(plan, {g}) {rows}"
 
 
 # ---------------------------------------------------------------------------------------------
-# Mamba: uneven layer windows, TP 4 -> 2 with several groups per rank, scrambled replicas.
+# Mamba
 # ---------------------------------------------------------------------------------------------
 
-NH, HD, DS, NG, DC, ML = 8, 2, 3, 4, 2, 5  # nheads, headdim, d_state, ngroups, d_conv, layers
-D_INNER = NH * HD
-GBAND = NG * DS
-CONV = D_INNER + 2 * GBAND
+BANDS = ("x", "B", "C", "ssm")
 
 
-def _mamba_sources():
-    """(global_rank, tp, tp_rank, layer_start, num_layers): TP4, windows [0,3) and [3,5),
-    every shard held by two replicas listed largest-rank first, then shuffled."""
-    out = []
-    rank = 0
-    for start, n in ((0, 3), (3, 2)):
-        for tr in range(4):
-            out.append((rank + 1, 4, tr, start, n))
-            out.append((rank, 4, tr, start, n))
-            rank += 2
-    order = [9, 2, 14, 0, 7, 11, 4, 1, 15, 6, 12, 3, 10, 5, 13, 8]
-    return [out[i] for i in order]
+def _mamba_draw(rng, replicated=True):
+    tp_s, tp_d = int(rng.choice([1, 2, 4])), int(rng.choice([1, 2, 4]))
+    m = max(tp_s, tp_d)
+    dims = {"nheads": m * int(rng.integers(1, 4)), "headdim": int(rng.integers(1, 4)),
+            "d_state": int(rng.integers(1, 4)), "ngroups": m * int(rng.integers(1, 3)),
+            "d_conv": int(rng.integers(2, 5))}
+    layers = int(rng.integers(3, 9))
+
+    def instance(tp, base, replicas):
+        windows = _cuts(rng, layers, int(rng.integers(1, min(3, layers) + 1)))
+        count = len(windows) * tp * replicas
+        ranks = iter(_ranks(rng, count, base))
+        out = [[next(ranks), tp, tr, start, n] for start, n in windows for tr in range(tp)
+               for _ in range(replicas)]
+        return [out[int(i)] for i in rng.permutation(len(out))]
+
+    srcs = instance(tp_s, 0, int(rng.integers(1, 4)) if replicated else 1)
+    dsts = instance(tp_d, 500, int(rng.integers(1, 3)))
+    return dims, layers, srcs, dsts
 
 
-def _mamba_dests():
-    """TP2, windows [0,1) and [1,5)."""
-    return [(40, 2, 0, 0, 1), (41, 2, 1, 0, 1), (42, 2, 0, 1, 4), (43, 2, 1, 1, 4)]
+def _bands(dims, tp, tr):
+    """{band: (global lo, global hi, local offset)} of TP rank tr."""
+    di, gb, nh = dims["nheads"] * dims["headdim"] // tp, dims["ngroups"] * dims["d_state"] // tp, dims["nheads"] // tp
+    return {"x": (tr * di, (tr + 1) * di, 0), "B": (tr * gb, (tr + 1) * gb, di),
+            "C": (tr * gb, (tr + 1) * gb, di + gb), "ssm": (tr * nh, (tr + 1) * nh, 0)}
 
 
-def _mamba_shard(conv_g, ssm_g, tp, tr, start, n):
-    di, gb, nh = D_INNER // tp, GBAND // tp, NH // tp
-    x = conv_g[start:start + n, tr * di:(tr + 1) * di]
-    b = conv_g[start:start + n, D_INNER + tr * gb:D_INNER + (tr + 1) * gb]
-    c = conv_g[start:start + n, D_INNER + GBAND + tr * gb:D_INNER + GBAND + (tr + 1) * gb]
-    return np.concatenate([x, b, c], axis=1), ssm_g[start:start + n, tr * nh:(tr + 1) * nh]
+def _mamba_plan(dims, srcs, dsts):
+    rep = {}
+    for g, _, tr, start, _ in srcs:
+        rep[(tr, start)] = min(g, rep.get((tr, start), g))
+    rows = []
+    for g, tp, tr, start, n in srcs:
+        if rep[(tr, start)] != g:
+            continue
+        sb = _bands(dims, tp, tr)
+        for dg, dtp, dtr, dstart, dn in dsts:
+            lo = _overlap((start, start + n), (dstart, dstart + dn))
+            if not lo:
+                continue
+            db = _bands(dims, dtp, dtr)
+            for band in BANDS:
+                c = _overlap(sb[band][:2], db[band][:2])
+                if not c:
+                    continue
+                for layer in range(*lo):
+                    rows.append([g, dg, band, layer, layer - start, layer - dstart,
+                                 sb[band][2] + c[0] - sb[band][0], sb[band][2] + c[1] - sb[band][0],
+                                 db[band][2] + c[0] - db[band][0], db[band][2] + c[1] - db[band][0],
+                                 band != "ssm"])
+    return sorted(rows)
+
+
+def _mamba_shard(dims, conv_g, ssm_g, tp, tr, start, n):
+    b = _bands(dims, tp, tr)
+    d_inner = dims["nheads"] * dims["headdim"]
+    gband = dims["ngroups"] * dims["d_state"]
+    x = conv_g[start:start + n, b["x"][0]:b["x"][1]]
+    bb = conv_g[start:start + n, d_inner + b["B"][0]:d_inner + b["B"][1]]
+    cc = conv_g[start:start + n, d_inner + gband + b["C"][0]:d_inner + gband + b["C"][1]]
+    return np.concatenate([x, bb, cc], axis=1), ssm_g[start:start + n, b["ssm"][0]:b["ssm"][1]]
+
+
+MAMBA_DRIVER = """
+from megatron.core.inference.disaggregation.mamba_reshard import (
+    MambaShardLayout, MambaStateDims, plan_mamba_reshard)
+
+dims = MambaStateDims(**ARGS["dims"])
+
+def mk(t):
+    g, tp, tr, start, n = t
+    return MambaShardLayout(global_rank=g, tp_size=tp, tp_rank=tr, layer_start=start,
+                            num_layers=n, dims=dims)
+
+dsts = [mk(t) for t in ARGS["dsts"]]
+plan = plan_mamba_reshard([mk(t) for t in ARGS["srcs"]], dsts)
+emit(plan=[[t.src_rank, t.dst_rank, t.band, t.global_layer, t.src_layer, t.dst_layer,
+            t.src_lo, t.src_hi, t.dst_lo, t.dst_hi, bool(t.is_conv)] for t in plan],
+     local=[[d.global_rank, d.conv_dim_local, d.nheads_local, d.d_inner_local, d.ngroups_local,
+             d.d_inner, *d.layer_range()] for d in dsts])
+"""
 
 
 def test_mamba_each_shard_is_sent_once_by_its_smallest_replica():
-    srcs, dsts = _mamba_sources(), _mamba_dests()
-    out = run("""
-        from megatron.core.inference.disaggregation.mamba_reshard import (
-            MambaShardLayout, MambaStateDims, plan_mamba_reshard)
+    rng = fresh()
+    while True:
+        dims, layers, srcs, dsts = _mamba_draw(rng)
+        if _first_listed_differs(srcs, lambda t: (t[2], t[3])):
+            break
+    out = run(MAMBA_DRIVER, {"dims": dims, "srcs": srcs, "dsts": dsts})
+    what = f"dims={dims}, {layers} layers, {len(srcs)} sources, {len(dsts)} destinations"
+    want_plan = _mamba_plan(dims, srcs, dsts)
+    got_plan = sorted(out["plan"])
+    assert got_plan == want_plan, f"{what}: plan {got_plan}, want {want_plan}"
 
-        dims = MambaStateDims(nheads=ARGS["dims"][0], headdim=ARGS["dims"][1], d_state=ARGS["dims"][2],
-                              ngroups=ARGS["dims"][3], d_conv=ARGS["dims"][4])
-
-        def mk(t):
-            g, tp, tr, start, n = t
-            return MambaShardLayout(global_rank=g, tp_size=tp, tp_rank=tr, layer_start=start,
-                                    num_layers=n, dims=dims)
-
-        dsts = [mk(t) for t in ARGS["dsts"]]
-        plan = plan_mamba_reshard([mk(t) for t in ARGS["srcs"]], dsts)
-        emit(plan=[[t.src_rank, t.dst_rank, t.band, t.global_layer, t.src_layer, t.dst_layer,
-                    t.src_lo, t.src_hi, t.dst_lo, t.dst_hi, bool(t.is_conv)] for t in plan],
-             local=[[d.global_rank, d.conv_dim_local, d.nheads_local] for d in dsts])
-    """, {"srcs": srcs, "dsts": dsts, "dims": [NH, HD, DS, NG, DC]})
-
-    conv_g = np.arange(ML * CONV * DC, dtype=np.int64).reshape(ML, CONV, DC)
-    ssm_g = np.arange(ML * NH * HD * DS, dtype=np.int64).reshape(ML, NH, HD, DS) + 10 ** 6
-    src_info = {t[0]: t for t in srcs}
-    smallest = {}
-    for g, _, tr, start, _ in srcs:
-        smallest[(tr, start)] = min(g, smallest.get((tr, start), g))
-    src_state = {g: _mamba_shard(conv_g, ssm_g, tp, tr, s, n) for g, tp, tr, s, n in srcs}
-    want = {g: _mamba_shard(conv_g, ssm_g, tp, tr, s, n) for g, tp, tr, s, n in dsts}
+    d_inner = dims["nheads"] * dims["headdim"]
+    conv = d_inner + 2 * dims["ngroups"] * dims["d_state"]
+    conv_g = np.arange(layers * conv * dims["d_conv"], dtype=np.int64).reshape(layers, conv, dims["d_conv"])
+    ssm_g = np.arange(layers * dims["nheads"] * dims["headdim"] * dims["d_state"], dtype=np.int64).reshape(
+        layers, dims["nheads"], dims["headdim"], dims["d_state"]) + 10 ** 7
+    src_state = {g: _mamba_shard(dims, conv_g, ssm_g, tp, tr, s, n) for g, tp, tr, s, n in srcs}
+    want = {g: _mamba_shard(dims, conv_g, ssm_g, tp, tr, s, n) for g, tp, tr, s, n in dsts}
     got = {g: (np.full_like(c, -1), np.full_like(m, -1)) for g, (c, m) in want.items()}
-    for g, conv_dim, nh in out["local"]:
-        assert (conv_dim, nh) == (want[g][0].shape[1], want[g][1].shape[1]), f"dst {g} local dims"
-
-    seen = set()
+    dst_info = {t[0]: t for t in dsts}
+    for g, conv_dim, nh, di, ng, d_inner_got, l0, l1 in out["local"]:
+        _, tp, _, start, n = dst_info[g]
+        assert [conv_dim, nh, di, ng, d_inner_got, l0, l1] == [
+            want[g][0].shape[1], want[g][1].shape[1], d_inner // tp, dims["ngroups"] // tp, d_inner,
+            start, start + n], f"{what}: dst {g} local dims"
     written = 0
-    for row in out["plan"]:
-        s, d, band, layer, sl, dl, slo, shi, dlo, dhi, is_conv = row
-        _, _, tr, start, _ = src_info[s]
-        assert s == smallest[(tr, start)], (
-            f"shard (tp_rank={tr}, layer_start={start}) is sent by rank {s}, not by its smallest "
-            f"replica {smallest[(tr, start)]}")
-        assert is_conv == (band != "ssm"), f"is_conv of a {band} transfer"
-        key = (s, d, band, layer)
-        assert key not in seen, f"duplicate transfer {key}"
-        seen.add(key)
+    for s, d, band, layer, sl, dl, slo, shi, dlo, dhi, is_conv in out["plan"]:
         idx = 0 if is_conv else 1
         block = src_state[s][idx][sl, slo:shi]
         got[d][idx][dl, dlo:dhi] = block
         written += block.size
     for g in want:
-        np.testing.assert_array_equal(got[g][0], want[g][0], err_msg=f"conv state of dst {g}")
-        np.testing.assert_array_equal(got[g][1], want[g][1], err_msg=f"ssm state of dst {g}")
-    assert written == sum(c.size + m.size for c, m in want.values()), "state sent more than once"
+        np.testing.assert_array_equal(got[g][0], want[g][0], err_msg=f"{what}: conv state of dst {g}")
+        np.testing.assert_array_equal(got[g][1], want[g][1], err_msg=f"{what}: ssm state of dst {g}")
+    assert written == sum(c.size + m.size for c, m in want.values()), f"{what}: state sent more than once"
 
 
 # ---------------------------------------------------------------------------------------------
 # Contracts: mismatched models, empty sides, divisibility, plain values.
 # ---------------------------------------------------------------------------------------------
 
+MISMATCH_DRIVER = """
+from megatron.core.inference.disaggregation.kv_reshard import KVShardLayout, plan_kv_reshard
+
+def mk(L, H, t):
+    g, tp, tr, pp, pr = t
+    return KVShardLayout(L, H, tp, tr, pp, pr, g)
+
+def outcome(case):
+    srcs = [mk(case["src_model"][0], case["src_model"][1], t) for t in case["srcs"]]
+    dsts = [mk(case["dst_model"][0], case["dst_model"][1], t) for t in case["dsts"]]
+    try:
+        plan = plan_kv_reshard(srcs, dsts)
+    except Exception as e:
+        return [type(e).__name__, [c.__name__ for c in type(e).__mro__]]
+    return ["ok", sorted([t.src_rank, t.dst_rank, t.global_layer_lo, t.global_layer_hi,
+                          t.global_head_lo, t.global_head_hi] for t in plan)]
+
+emit(outcomes=[outcome(c) for c in ARGS["cases"]])
+"""
+
+
+def _plain_instance(rng, L, H, base):
+    tp = int(rng.choice([t for t in (1, 2, 4) if H % t == 0]))
+    pp = int(rng.choice([p for p in (1, 2, 3) if L % p == 0]))
+    ranks = iter(_ranks(rng, tp * pp, base))
+    return [[next(ranks), tp, tr, pp, pr] for pr in range(pp) for tr in range(tp)]
+
+
 def test_kv_plan_rejects_layouts_of_different_models():
-    out = run("""
-        from megatron.core.inference.disaggregation.kv_reshard import KVShardLayout, plan_kv_reshard
+    rng = fresh()
+    kinds = ["heads", "layers", "both", "same", "no_dsts", "no_srcs"]
+    drawn = [str(k) for k in rng.choice(kinds, size=int(rng.integers(3, 6)))]
+    kinds = [str(k) for k in rng.permutation(["heads", "layers", "same"] + drawn)]
+    cases = []
+    for kind in kinds:
+        L, H = 6 * int(rng.integers(1, 4)), 4 * int(rng.integers(1, 4))
+        L2 = L + 6 * int(rng.integers(1, 3)) if kind in ("layers", "both") else L
+        H2 = H + 4 * int(rng.integers(1, 3)) if kind in ("heads", "both") else H
+        srcs = [] if kind == "no_srcs" else _plain_instance(rng, L, H, 0)
+        dsts = [] if kind == "no_dsts" else _plain_instance(rng, L2, H2, 100)
+        cases.append({"kind": kind, "src_model": [L, H], "dst_model": [L2, H2], "srcs": srcs, "dsts": dsts})
+    out = run(MISMATCH_DRIVER, {"cases": cases})
+    assert len(out["outcomes"]) == len(cases), f"{len(out['outcomes'])} outcomes for {len(cases)} cases"
+    for case, got in zip(cases, out["outcomes"]):
+        what = f"sources of a {case['src_model']} model, destinations of a {case['dst_model']} model ({case['kind']})"
+        if case["kind"] in ("heads", "layers", "both"):
+            assert got[0] != "ok", f"{what}: planning did not raise"
+            assert "ValueError" in got[1], f"{what}: raised {got[0]}, not a ValueError"
+        else:
+            L, H = case["src_model"]
+            srcs = [[g, tp, tr, pp, pr, 1, 0, 1, 0, None, None] for g, tp, tr, pp, pr in case["srcs"]]
+            dsts = [[g, tp, tr, pp, pr, 1, 0, 1, 0, None, None] for g, tp, tr, pp, pr in case["dsts"]]
+            want = ["ok", _kv_plan(srcs, dsts, L, H)]
+            assert got == want, f"{what}: {got}, want {want}"
 
-        def outcome(srcs, dsts):
-            try:
-                return ["ok", len(plan_kv_reshard(srcs, dsts))]
-            except Exception as e:
-                return [type(e).__name__, [c.__name__ for c in type(e).__mro__]]
 
-        src = [KVShardLayout(12, 8, 2, r, 1, 0, r) for r in range(2)]
-        emit(heads=outcome(src, [KVShardLayout(12, 4, 1, 0, 1, 0, 9)]),
-             layers=outcome(src, [KVShardLayout(6, 8, 1, 0, 1, 0, 9)]),
-             no_dsts=outcome(src, []),
-             no_srcs=outcome([], [KVShardLayout(12, 8, 1, 0, 1, 0, 9)]))
-    """)
-    for case in ("heads", "layers"):
-        kind, detail = out[case]
-        assert kind != "ok", f"planning between models with different {case} did not raise"
-        assert "ValueError" in detail, f"different {case}: raised {kind}, not a ValueError"
-    assert out["no_dsts"] == ["ok", 0], f"empty destinations: {out['no_dsts']}"
-    assert out["no_srcs"] == ["ok", 0], f"empty sources: {out['no_srcs']}"
+DIVISIBILITY_DRIVER = """
+from megatron.core.inference.disaggregation.kv_reshard import KVShardLayout
+from megatron.core.inference.disaggregation.mamba_reshard import MambaShardLayout, MambaStateDims
+
+def kv(c):
+    kw = {} if c["window"] is None else {k: v for k, v in zip(("layer_start", "num_local_layers"), c["window"]) if v is not None}
+    layout = KVShardLayout(c["L"], c["H"], c["tp"], c["tp_rank"], c["pp"], c["pp_rank"], 0, **kw)
+    return [*layout.layer_range(), *layout.head_range(), layout.local_num_layers(), layout.local_num_heads()]
+
+def mamba(c):
+    dims = MambaStateDims(nheads=c["nheads"], headdim=c["headdim"], d_state=c["d_state"],
+                          ngroups=c["ngroups"], d_conv=2)
+    layout = MambaShardLayout(global_rank=0, tp_size=c["tp"], tp_rank=c["tp_rank"], layer_start=0,
+                              num_layers=1, dims=dims)
+    return [layout.nheads_local, layout.ngroups_local, layout.d_inner_local, layout.conv_dim_local]
+
+def outcome(c):
+    try:
+        return ["ok", kv(c) if c["what"] == "kv" else mamba(c)]
+    except Exception as e:
+        return ["ValueError" if isinstance(e, ValueError) else type(e).__name__, []]
+
+emit(outcomes=[outcome(c) for c in ARGS["cases"]])
+"""
+
+
+def _kv_case(rng, kind):
+    tp = int(rng.choice([2, 3, 4]))
+    pp = int(rng.choice([2, 3, 4]))
+    H = tp * int(rng.integers(1, 5)) + (int(rng.integers(1, tp)) if kind == "kv_heads" else 0)
+    L = pp * int(rng.integers(1, 5)) + (int(rng.integers(1, pp)) if kind in ("kv_layers", "kv_window") else 0)
+    window = None
+    if kind == "kv_window":
+        start = int(rng.integers(0, L))
+        window = [start, int(rng.integers(1, L - start + 1))]
+    elif kind == "kv_half":
+        window = [int(rng.integers(0, L)), None] if rng.random() < 0.5 else [None, int(rng.integers(1, L + 1))]
+    return {"what": "kv", "kind": kind, "L": L, "H": H, "tp": tp, "tp_rank": int(rng.integers(0, tp)),
+            "pp": pp, "pp_rank": int(rng.integers(0, pp)), "window": window}
+
+
+def _mamba_case(rng, kind):
+    tp = int(rng.choice([2, 3, 4]))
+    nheads = tp * int(rng.integers(1, 4)) + (int(rng.integers(1, tp)) if kind == "mamba_heads" else 0)
+    ngroups = tp * int(rng.integers(1, 3)) + (int(rng.integers(1, tp)) if kind == "mamba_groups" else 0)
+    return {"what": "mamba", "kind": kind, "tp": tp, "tp_rank": int(rng.integers(0, tp)), "nheads": nheads,
+            "ngroups": ngroups, "headdim": int(rng.integers(1, 5)), "d_state": int(rng.integers(1, 5))}
+
+
+def _divisibility_want(c):
+    if c["kind"] in ("kv_heads", "kv_layers", "kv_half", "mamba_heads", "mamba_groups"):
+        return ["ValueError", []]
+    if c["what"] == "kv":
+        if c["window"] is not None:
+            layers = (c["window"][0], c["window"][0] + c["window"][1])
+        else:
+            n = c["L"] // c["pp"]
+            layers = (c["pp_rank"] * n, (c["pp_rank"] + 1) * n)
+        h = c["H"] // c["tp"]
+        return ["ok", [layers[0], layers[1], c["tp_rank"] * h, (c["tp_rank"] + 1) * h, layers[1] - layers[0], h]]
+    nh, ng = c["nheads"] // c["tp"], c["ngroups"] // c["tp"]
+    di = nh * c["headdim"]
+    return ["ok", [nh, ng, di, di + 2 * ng * c["d_state"]]]
 
 
 def test_layouts_reject_indivisible_shapes():
-    out = run("""
-        from megatron.core.inference.disaggregation.kv_reshard import KVShardLayout
-        from megatron.core.inference.disaggregation.mamba_reshard import MambaShardLayout, MambaStateDims
+    rng = fresh()
+    kinds = ["kv_heads", "kv_layers", "kv_window", "kv_half", "kv_ok", "mamba_heads", "mamba_groups", "mamba_ok"]
+    kinds = [str(k) for k in rng.permutation(kinds + [str(k) for k in rng.choice(kinds, size=int(rng.integers(2, 6)))])]
+    cases = [_kv_case(rng, k) if k.startswith("kv") else _mamba_case(rng, k) for k in kinds]
+    out = run(DIVISIBILITY_DRIVER, {"cases": cases})
+    assert len(out["outcomes"]) == len(cases), f"{len(out['outcomes'])} outcomes for {len(cases)} cases"
+    for c, got in zip(cases, out["outcomes"]):
+        want = _divisibility_want(c)
+        assert got == want, f"{c}: {got}, want {want}"
 
-        def outcome(fn):
-            try:
-                fn()
-                return "ok"
-            except Exception as e:
-                return "ValueError" if isinstance(e, ValueError) else type(e).__name__
 
-        def mamba(nheads, ngroups, tp):
-            dims = MambaStateDims(nheads=nheads, headdim=2, d_state=2, ngroups=ngroups, d_conv=2)
-            return MambaShardLayout(global_rank=0, tp_size=tp, tp_rank=0, layer_start=0,
-                                    num_layers=1, dims=dims)
+PLAIN_DRIVER = """
+import dataclasses
+from megatron.core.inference.disaggregation.kv_reshard import KVShardLayout, plan_kv_reshard
+from megatron.core.inference.disaggregation.mamba_reshard import (
+    MambaShardLayout, MambaStateDims, plan_mamba_reshard)
 
-        emit(
-            kv_heads=outcome(lambda: KVShardLayout(12, 6, 4, 0, 1, 0, 0)),
-            kv_layers=outcome(lambda: KVShardLayout(10, 8, 1, 0, 4, 0, 0)),
-            kv_window=outcome(lambda: KVShardLayout(10, 8, 1, 0, 4, 3, 0, layer_start=9, num_local_layers=1)),
-            kv_ok=outcome(lambda: KVShardLayout(12, 8, 4, 3, 3, 2, 0)),
-            mamba_heads=outcome(lambda: mamba(6, 4, 4)),
-            mamba_groups=outcome(lambda: mamba(8, 2, 4)),
-            mamba_ok=outcome(lambda: mamba(8, 4, 4)),
-        )
-    """)
-    assert out["kv_heads"] == "ValueError", f"KV heads 6 over TP 4: {out['kv_heads']}"
-    assert out["kv_layers"] == "ValueError", f"KV layers 10 over PP 4 without a window: {out['kv_layers']}"
-    assert out["kv_window"] == "ok", f"explicit uneven window: {out['kv_window']}"
-    assert out["kv_ok"] == "ok", f"a valid KV layout: {out['kv_ok']}"
-    assert out["mamba_heads"] == "ValueError", f"Mamba nheads 6 over TP 4: {out['mamba_heads']}"
-    assert out["mamba_groups"] == "ValueError", f"Mamba ngroups 2 over TP 4: {out['mamba_groups']}"
-    assert out["mamba_ok"] == "ok", f"a valid Mamba layout: {out['mamba_ok']}"
+def try_set(obj, field, value):
+    try:
+        setattr(obj, field, value)
+    except (dataclasses.FrozenInstanceError, AttributeError):
+        pass
+
+def kv_layout(t):
+    g, tp, tr, pp, pr, ep, er, etp, xr, start, n = t
+    return KVShardLayout(ARGS["L"], ARGS["H"], tp, tr, pp, pr, g, ep_size=ep, ep_rank=er,
+                         etp_size=etp, etp_rank=xr)
+
+def m_layout(t, dims):
+    g, tp, tr, start, n = t
+    return MambaShardLayout(global_rank=g, tp_size=tp, tp_rank=tr, layer_start=start, num_layers=n, dims=dims)
+
+KV_FIELDS = ("src_rank", "dst_rank", "global_layer_lo", "global_layer_hi", "global_head_lo", "global_head_hi")
+M_FIELDS = ("src_rank", "dst_rank", "band", "global_layer", "src_layer", "dst_layer", "src_lo", "src_hi", "dst_lo", "dst_hi")
+
+srcs = [kv_layout(t) for t in ARGS["kv_srcs"]]
+dsts = [kv_layout(t) for t in ARGS["kv_dsts"]]
+kv1 = plan_kv_reshard(srcs, dsts)
+kv2 = plan_kv_reshard([srcs[i] for i in ARGS["kv_order"]], list(dsts))
+dims = MambaStateDims(**ARGS["dims"])
+ms = [m_layout(t, dims) for t in ARGS["m_srcs"]]
+md = [m_layout(t, ARGS["dims"]) for t in ARGS["m_dsts"]]   # dims as a plain dict
+m1 = plan_mamba_reshard(ms, md)
+m2 = plan_mamba_reshard([ms[i] for i in ARGS["m_order"]], list(md))
+
+def keyed(plan, other):
+    try:
+        index = {t: i for i, t in enumerate(plan)}
+        return [len(index), len(set(plan) | set(other)), sorted(index[t] for t in other if t in index)]
+    except TypeError:
+        return None
+
+res = {"kv_keyed": keyed(kv1, kv2), "m_keyed": keyed(m1, m2)}
+try:
+    res["layouts_distinct"] = len(set(srcs + [kv_layout(t) for t in ARGS["kv_srcs"]] + ms + md + [dims]))
+except TypeError:
+    res["layouts_distinct"] = -1
+res["roundtrip"] = [[MambaShardLayout(**dataclasses.asdict(l)) == l, dataclasses.asdict(MambaShardLayout(**dataclasses.asdict(l)))]
+                    for l in md]
+# Try to overwrite a drawn field of every value with a drawn number, then report the values.
+for t in kv1:
+    try_set(t, KV_FIELDS[ARGS["kv_field"]], ARGS["junk"])
+for t in m1:
+    try_set(t, M_FIELDS[ARGS["m_field"]], ARGS["junk"])
+try_set(srcs[0], "tp_rank", ARGS["junk"])
+try_set(ms[0], "tp_rank", ARGS["junk"])
+try_set(dims, "nheads", ARGS["junk"])
+res["kv"] = sorted([getattr(t, f) for f in KV_FIELDS] for t in kv1)
+res["m"] = sorted([getattr(t, f) for f in M_FIELDS] + [bool(t.is_conv)] for t in m1)
+res["after"] = [srcs[0].tp_rank, ms[0].tp_rank, dims.nheads, ms[0].nheads]
+emit(**res)
+"""
 
 
 def test_layouts_and_transfers_are_plain_values():
-    out = run("""
-        import dataclasses
-        from megatron.core.inference.disaggregation.kv_reshard import KVShardLayout, plan_kv_reshard
-        from megatron.core.inference.disaggregation.mamba_reshard import (
-            MambaShardLayout, MambaStateDims, plan_mamba_reshard)
-
-        def frozen(obj, field):
-            try:
-                setattr(obj, field, 99)
-                return False
-            except (dataclasses.FrozenInstanceError, AttributeError):
-                return True
-
-        def hashes(values):
-            try:
-                return len({v: i for i, v in enumerate(values)})
-            except TypeError:
-                return -1
-
-        srcs = [KVShardLayout(8, 4, 2, r, 1, 0, r) for r in range(2)]
-        dsts = [KVShardLayout(8, 4, 1, 0, 2, p, 10 + p) for p in range(2)]
-        kv1, kv2 = plan_kv_reshard(srcs, dsts), plan_kv_reshard(list(srcs), list(dsts))
-        dims = MambaStateDims(nheads=4, headdim=2, d_state=2, ngroups=2, d_conv=2)
-        ms = [MambaShardLayout(global_rank=r, tp_size=2, tp_rank=r, layer_start=0, num_layers=2, dims=dims) for r in range(2)]
-        md = [MambaShardLayout(global_rank=5, tp_size=1, tp_rank=0, layer_start=0, num_layers=2, dims=dims)]
-        m1, m2 = plan_mamba_reshard(ms, md), plan_mamba_reshard(list(ms), list(md))
-        emit(
-            kv_len=len(kv1), kv_distinct=hashes(kv1), kv_equal=kv1 == kv2,
-            kv_same_hash=[hash(a) == hash(b) for a, b in zip(kv1, kv2)] if hashes(kv1) >= 0 else [],
-            m_len=len(m1), m_distinct=hashes(m1), m_equal=m1 == m2,
-            layouts_hash=hashes(srcs + dsts + ms + md + [dims]),
-            frozen=[frozen(srcs[0], "tp_rank"), frozen(kv1[0], "src_rank"), frozen(ms[0], "tp_rank"),
-                    frozen(m1[0], "src_lo"), frozen(dims, "nheads")],
-        )
-    """)
-    assert out["kv_len"] > 0 and out["m_len"] > 0
-    assert out["frozen"] == [True] * 5, f"assignable fields (layout, kv transfer, mamba layout, mamba transfer, dims): {out['frozen']}"
-    assert out["kv_distinct"] == out["kv_len"], f"KV transfers are not hashable values ({out['kv_distinct']})"
-    assert out["m_distinct"] == out["m_len"], f"Mamba transfers are not hashable values ({out['m_distinct']})"
-    assert out["layouts_hash"] == 8, f"layouts are not hashable values ({out['layouts_hash']})"
-    assert out["kv_equal"] and out["m_equal"], "equal plans do not compare equal"
-    assert all(out["kv_same_hash"]) and out["kv_same_hash"], "equal transfers hash differently"
+    rng = fresh()
+    L, H = int(rng.choice([4, 6, 8, 12])), int(rng.choice([4, 8]))
+    # Sources without replicas: which replica sends is the other probes' concern.
+    kv_srcs = _kv_instance(rng, L, H, 0, False, replicated=False)
+    kv_dsts = _kv_instance(rng, L, H, 1000, False)
+    dims, _, m_srcs, m_dsts = _mamba_draw(rng, replicated=False)
+    junk = int(rng.integers(10 ** 6, 10 ** 7))
+    args = {"L": L, "H": H, "kv_srcs": kv_srcs, "kv_dsts": kv_dsts,
+            "kv_order": [int(i) for i in rng.permutation(len(kv_srcs))],
+            "dims": dims, "m_srcs": m_srcs, "m_dsts": m_dsts,
+            "m_order": [int(i) for i in rng.permutation(len(m_srcs))],
+            "kv_field": int(rng.integers(0, 6)), "m_field": int(rng.choice([0, 1, 3, 4, 5, 6, 7, 8, 9])),
+            "junk": junk}
+    out = run(PLAIN_DRIVER, args)
+    kv_plan = _kv_plan(kv_srcs, kv_dsts, L, H)
+    m_plan = _mamba_plan(dims, m_srcs, m_dsts)
+    for name, plan in (("KV", kv_plan), ("Mamba", m_plan)):
+        key = "kv_keyed" if name == "KV" else "m_keyed"
+        assert out[key] is not None, f"{name} transfers cannot be dictionary keys (unhashable)"
+        want = [len(plan), len(plan), list(range(len(plan)))]
+        assert out[key] == want, (
+            f"{name} plans as dictionary keys and sets: {out[key]}, want {want} (the same plan computed "
+            f"from reordered sources must hold equal, equally hashing transfers)")
+    assert out["kv"] == kv_plan, \
+        f"KV transfers after an attempt to overwrite a field: {out['kv']}, want the plan {kv_plan} (frozen)"
+    assert out["m"] == m_plan, \
+        f"Mamba transfers after an attempt to overwrite a field: {out['m']}, want the plan {m_plan} (frozen)"
+    n_layouts = len(kv_srcs) + len(m_srcs) + len(m_dsts) + 1
+    assert out["layouts_distinct"] == n_layouts, \
+        f"{out['layouts_distinct']} distinct layouts in a set, want {n_layouts} (hashable, compared by value)"
+    want_rt = [[True, {"global_rank": g, "tp_size": tp, "tp_rank": tr, "layer_start": start, "num_layers": n,
+                       "dims": dims}] for g, tp, tr, start, n in m_dsts]
+    assert out["roundtrip"] == want_rt, \
+        f"MambaShardLayout(**asdict(layout)) == layout, and its fields: {out['roundtrip']}, want {want_rt}"
+    want_after = [kv_srcs[0][2], m_srcs[0][2], dims["nheads"], dims["nheads"]]
+    assert out["after"] == want_after, \
+        f"layout and dims fields after an attempt to overwrite them: {out['after']}, want {want_after} (frozen)"

@@ -1,18 +1,20 @@
 """Probes for verl-0007 (rollout importance sampling: IS weights, veto and mismatch metrics).
 
-The judge (this module) never imports verl or torch. Each probe builds training and rollout
-log-probabilities and response masks with its own numpy, sends them to a child that calls
-compute_rollout_importance_weights, compute_mismatch_metrics or the registered policy losses on
-the GPU when one is visible (on the CPU otherwise), and gets back weights, metrics and losses as
-plain arrays and floats. The judge recomputes them from the instruction's formulas in float64:
-log ratios clamped to [-20, 20] before exponentiation, sums and means over valid tokens only,
-truncation or clipping, the veto over valid tokens, and the metric definitions."""
+The judge (this module) never imports verl or torch. Each probe draws training and rollout
+log-probabilities, ragged response masks, thresholds and the places of catastrophic tokens
+fresh with its own numpy, sends them to a child that calls compute_rollout_importance_weights,
+compute_mismatch_metrics or the registered policy losses on the GPU when one is visible (on the
+CPU otherwise), and gets back weights, metrics and losses as plain arrays and floats. The judge
+recomputes them from the instruction's formulas in float64 (log ratios clamped to [-20, 20]
+before exponentiation, sums and means over valid tokens only, truncation or clipping, the veto
+over valid tokens, the metric definitions) and compares them with gold's child on the same
+inputs too."""
 
 import math
 
 import numpy as np
 
-from infradev_probe import run
+from infradev_probe import fresh, reference, run
 
 PRELUDE = """
 import numpy as np
@@ -31,8 +33,8 @@ def call(case):
     kw = dict(old_log_prob=t(case["old"]), rollout_log_prob=t(case["rollout"]), response_mask=t(case["mask"]))
     kw.update(case["kw"])
     w, metrics = compute_rollout_importance_weights(**kw)
-    out = dict(metrics={k: float(v) for k, v in metrics.items()},
-               metric_types=sorted({type(v).__name__ for v in metrics.values()}))
+    # The metric values go back as the function returned them: a tensor arrives as an array.
+    out = dict(metrics=dict(metrics), weights=None)
     if w is not None:
         x = w.batch["rollout_is_weights"]
         out.update(weights=x.detach().float().cpu().numpy(), device=x.device.type)
@@ -44,6 +46,15 @@ BOUND = 20.0
 
 def ragged_mask(lengths, width):
     return (np.arange(width)[None, :] < np.asarray(lengths)[:, None]).astype(np.float32)
+
+
+def lengths_for(rng, rows, width):
+    """Random valid lengths, at least one full row and one short one."""
+    lengths = rng.integers(1, width + 1, size=rows)
+    full, short = rng.choice(rows, size=2, replace=False)
+    lengths[full] = width
+    lengths[short] = int(rng.integers(1, max(2, width // 2)))
+    return [int(x) for x in lengths]
 
 
 def log_ratio(old, rollout):
@@ -77,26 +88,65 @@ def expected_weights(old, rollout, mask, level, mode, upper, lower, veto):
     return w * mask
 
 
-def batch(seed, rows, width, spread):
-    rng = np.random.default_rng(seed)
+def batch(rng, rows, width, spread):
     old = rng.normal(-1.5, 0.5, (rows, width)).astype(np.float32)
     rollout = (old - rng.normal(0.0, spread, (rows, width))).astype(np.float32)
     return old, rollout
 
 
 def close(got, want, what, rtol=2e-5):
+    assert got is not None, f"{what}: nothing returned"
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=rtol, atol=1e-7, err_msg=what)
 
 
+def both(code, args):
+    """What the submission's child and gold's child send for the same drawn args."""
+    return run(code, args=args), reference(code, args=args)
+
+
+def metrics_as_floats(got, where):
+    """The metrics dict with every value a Python float (what the instruction promises)."""
+    bad = {k: type(v).__name__ for k, v in got["metrics"].items() if type(v) is not float}
+    assert not bad, f"{where}: metric values that are not Python floats: {bad}"
+    return got["metrics"]
+
+
+def check_against_reference(got, want, where, rtol=1e-5, metrics=()):
+    """The weights of gold's child, and the metrics named (every one with metrics="all")."""
+    if want["weights"] is None:
+        assert got["weights"] is None, f"{where}: weights returned, the reference returns None"
+    else:
+        close(got["weights"], want["weights"], f"{where}: rollout_is_weights (compared with the reference)", rtol)
+        assert got.get("device") == want.get("device"), f"{where}: weights on {got.get('device')}, want {want.get('device')}"
+    g, w = got["metrics"], want["metrics"]
+    if metrics == "all":
+        assert sorted(g) == sorted(w), (
+            f"{where}: metric keys differ from the reference's (missing {sorted(set(w) - set(g))}, "
+            f"unexpected {sorted(set(g) - set(w))})")
+        metrics = list(w)
+    for k in metrics:
+        assert k in g, f"{where}: metric {k} missing"
+        close(float(np.asarray(g[k])), float(np.asarray(w[k])), f"{where}: {k} (compared with the reference)", rtol)
+
+
 def test_weights_per_level_and_mode():
-    old, rollout = batch(11, 6, 12, 0.6)
-    lengths = [12, 9, 4, 12, 7, 1]
-    mask = ragged_mask(lengths, 12)
+    rng = fresh()
+    rows, width = int(rng.integers(4, 10)), int(rng.integers(6, 17))
+    old, rollout = batch(rng, rows, width, float(rng.uniform(0.3, 0.7)))
+    mask = ragged_mask(lengths_for(rng, rows, width), width)
     # Padding positions hold wild log ratios: only valid tokens may enter a row's sum or mean.
     pad = mask == 0
-    rollout[pad] = old[pad] + np.where(np.arange(pad.sum()) % 2 == 0, 9.0, -9.0).astype(np.float32)
-    specs = [("token", "truncate", 1.5, None), ("token", "clip", 1.6, 0.6), ("sequence", "truncate", 2.0, None),
-             ("sequence", "clip", 2.5, 0.3), ("geometric", "truncate", 1.2, None), ("geometric", "clip", 1.3, 0.8)]
+    rollout[pad] = old[pad] + (rng.choice([-1.0, 1.0], size=int(pad.sum())) * rng.uniform(6, 12, int(pad.sum()))
+                               ).astype(np.float32)
+    specs = []
+    for level in ("token", "sequence", "geometric"):
+        for mode in ("truncate", "clip"):
+            upper = round(float(rng.uniform(1.1, 3.0)), 3)
+            lower = round(float(rng.uniform(0.2, 0.95)), 3) if rng.random() < 0.6 else None
+            specs.append((level, mode, upper, lower))
+    # Calls with the feature off (threshold None) go in at drawn places among them.
+    for _ in range(int(rng.integers(1, 4))):
+        specs.insert(int(rng.integers(len(specs) + 1)), (str(rng.choice(["token", "sequence"])), "truncate", None, None))
     cases = []
     for level, mode, upper, lower in specs:
         kw = dict(rollout_is_level=level, rollout_is_mode=mode, rollout_is_threshold=upper,
@@ -104,85 +154,119 @@ def test_weights_per_level_and_mode():
         if lower is not None:
             kw["rollout_is_threshold_lower"] = lower
         cases.append(dict(old=old, rollout=rollout, mask=mask, kw=kw))
-    out = run(PRELUDE + """
-res = [call(c) for c in ARGS["cases"]]
-off = call(dict(ARGS["cases"][0], kw=dict(rollout_is_threshold=None)))
-emit(results=res, off_has_weights="weights" in off, off_metrics=len(off["metrics"]),
-     input_device=DEV)
-""", args={"cases": cases})
-    for (level, mode, upper, lower), got in zip(specs, out["results"]):
+    code = PRELUDE + """
+emit(results=[call(c) for c in ARGS["cases"]], input_device=DEV)
+"""
+    out, ref = both(code, {"cases": cases})
+    assert len(out["results"]) == len(specs), "one result per call"
+    for (level, mode, upper, lower), got, want in zip(specs, out["results"], ref["results"]):
+        if upper is None:
+            assert got["weights"] is None and got["metrics"] == {}, \
+                f"{level} level with rollout_is_threshold=None: the result must be (None, {{}})"
+            continue
         where = f"{level} level, {mode} mode, upper {upper}, lower {lower if lower is not None else '1/upper'}"
         lower = 1.0 / upper if lower is None else lower
-        assert got.get("weights") is not None, f"{where}: no rollout_is_weights returned"
-        assert got["device"] == out["input_device"], f"{where}: weights on {got['device']}, inputs on {out['input_device']}"
+        assert got["weights"] is not None, f"{where}: no rollout_is_weights returned"
         close(got["weights"], expected_weights(old, rollout, mask, level, mode, upper, lower, None),
               f"{where}: rollout_is_weights (valid tokens only in a row's sum or mean, 0 at padding)")
-    assert not out["off_has_weights"] and out["off_metrics"] == 0, \
-        "with rollout_is_threshold=None the result must be (None, {})"
+        assert got["device"] == ref["input_device"], f"{where}: weights on {got['device']}, inputs on {ref['input_device']}"
+        check_against_reference(got, want, where)
 
 
 def test_sequence_ratios_are_bounded_in_log_space():
-    width = 100
-    old = np.full((5, width), -2.0, np.float32)
-    rollout = old.copy()
-    rollout[0] -= 1.0      # row log ratio +100: the bound caps it at e^20
-    rollout[1] += 1.0      # row log ratio -100: the bound lifts it to e^-20
-    rollout[2] -= 0.05     # row log ratio +5
-    rollout[3] += 0.004    # row log ratio -0.4
-    rollout[4] -= 30.0     # every token e^30: capped per token and per row
+    rng = fresh()
+    width = int(rng.integers(60, 121))
+    rows = 5
+    old = rng.normal(-2.0, 0.3, (rows, width)).astype(np.float32)
+    # Row log ratios: far above +20, far below -20, moderate positive and negative, and one row
+    # whose every token is itself beyond the bound.
+    sums = [float(rng.uniform(60, 150)), -float(rng.uniform(60, 150)), float(rng.uniform(1, 4)),
+            -float(rng.uniform(0.1, 1.5))]
+    d = np.empty((rows, width))
+    for i, s in enumerate(sums):
+        x = rng.normal(0.0, 0.05, width)
+        d[i] = x - x.mean() + s / width
+    d[4] = rng.uniform(25, 40, width)
+    order = rng.permutation(rows)
+    d = d[order]
+    rollout = (old - d).astype(np.float32)
     mask = np.ones_like(old)
-    specs = [("sequence", "truncate", 3.0, None), ("sequence", "clip", 3.0, 0.5),
-             ("geometric", "truncate", 3.0, None), ("token", "truncate", 3.0, None)]
+    specs = [("sequence", "truncate", round(float(rng.uniform(1.5, 5)), 3), None),
+             ("sequence", "clip", round(float(rng.uniform(1.5, 5)), 3), round(float(rng.uniform(0.2, 0.8)), 3)),
+             ("geometric", "truncate", round(float(rng.uniform(1.5, 5)), 3), None),
+             ("token", "truncate", round(float(rng.uniform(1.5, 5)), 3), None)]
     cases = [dict(old=old, rollout=rollout, mask=mask,
                   kw=dict(rollout_is_level=lv, rollout_is_mode=md, rollout_is_threshold=up,
                           rollout_is_veto_threshold=None, **({} if lo is None else {"rollout_is_threshold_lower": lo})))
              for lv, md, up, lo in specs]
-    out = run(PRELUDE + """
+    out, ref = both(PRELUDE + """
 emit(results=[call(c) for c in ARGS["cases"]])
-""", args={"cases": cases})
-    for (level, mode, upper, lower), got in zip(specs, out["results"]):
-        where = f"{level} level, {mode} mode, rows whose summed log ratio is +100, -100, +5, -0.4, +3000"
+""", {"cases": cases})
+    S = log_ratio(old, rollout).sum(-1)
+    for (level, mode, upper, lower), got, want in zip(specs, out["results"], ref["results"]):
+        where = (f"{level} level, {mode} mode, rows whose summed log ratio is "
+                 f"{', '.join('%+.1f' % s for s in S)}")
         lower = 1.0 / upper if lower is None else lower
         w = got["weights"]
-        assert np.all(np.isfinite(w)), f"{where}: non-finite weights {w[~np.isfinite(w)][:4]}"
+        assert w is not None and np.all(np.isfinite(w)), f"{where}: weights missing or not finite"
         close(w, expected_weights(old, rollout, mask, level, mode, upper, lower, None),
               f"{where}: weights (log ratios are clamped to [-20, 20] before exp)", rtol=1e-4)
-        bad = {k: v for k, v in got["metrics"].items() if not math.isfinite(v)}
-        assert not bad, f"{where}: non-finite metrics {bad}"
+        metrics = metrics_as_floats(got, where)
         if level == "sequence":
-            assert abs(got["metrics"]["mismatch/rollout_is_max"] - math.exp(BOUND)) <= 1e-4 * math.exp(BOUND), \
-                f"{where}: rollout_is_max {got['metrics']['mismatch/rollout_is_max']}, want e^20"
-            want_mean = float(np.mean(np.exp(np.clip(log_ratio(old, rollout).sum(-1), -BOUND, BOUND))))
-            close(got["metrics"]["mismatch/rollout_is_mean"], want_mean,
+            close(metrics["mismatch/rollout_is_max"], math.exp(min(S.max(), BOUND)),
+                  f"{where}: rollout_is_max (e^min(max S, 20))", rtol=1e-4)
+            want_mean = float(np.mean(np.exp(np.clip(S, -BOUND, BOUND))))
+            close(metrics["mismatch/rollout_is_mean"], want_mean,
                   f"{where}: rollout_is_mean (mean of the bounded ratios before truncation)", rtol=1e-4)
+        check_against_reference(got, want, where, rtol=1e-4,
+                                metrics=["mismatch/rollout_is_max", "mismatch/rollout_is_mean"] if level == "sequence" else ())
 
 
 def test_veto_looks_at_valid_tokens_only():
-    old, rollout = batch(12, 4, 10, 0.2)
-    mask = ragged_mask([10, 10, 6, 8], 10)
-    rollout[0, 3] = old[0, 3] + 12.0   # ratio e^-12 < 1e-4 at a valid token: row 0 is vetoed
-    rollout[2, 8] = old[2, 8] + 12.0   # the same at a padding position: row 2 is not
-    rollout[3, 1] = old[3, 1] + 8.0    # ratio e^-8 ~ 3.4e-4: above the veto threshold
-    base = dict(rollout_is_level="token", rollout_is_mode="truncate", rollout_is_threshold=2.0)
-    cases = [dict(old=old, rollout=rollout, mask=mask, kw=dict(base, rollout_is_veto_threshold=1e-4)),
-             dict(old=old, rollout=rollout, mask=mask, kw=dict(base)),
-             dict(old=old, rollout=rollout, mask=mask, kw=dict(base, rollout_is_veto_threshold=None)),
-             dict(old=old, rollout=rollout, mask=mask, kw=dict(base, rollout_is_veto_threshold=1e-3))]
-    out = run(PRELUDE + """
+    rng = fresh()
+    rows, width = int(rng.integers(5, 10)), int(rng.integers(8, 15))
+    old, rollout = batch(rng, rows, width, 0.2)
+    lengths = lengths_for(rng, rows, width)
+    mask = ragged_mask(lengths, width)
+    padded = [i for i in range(rows) if lengths[i] < width]
+    roles = rng.permutation(rows)
+    # A row with a padding-position catastrophe; one to three rows with a valid one; a row
+    # just above the default threshold (e^-7 .. e^-8.5 > 1e-4, below 1e-3).
+    pad_row = int(rng.choice(padded))
+    others = [int(r) for r in roles if r != pad_row]
+    veto_rows = others[:int(rng.integers(1, min(4, len(others) - 1) + 1))]
+    near_row = others[len(veto_rows)]
+    rollout[pad_row, int(rng.integers(lengths[pad_row], width))] += float(rng.uniform(10, 14))
+    for r in veto_rows:
+        rollout[r, int(rng.integers(lengths[r]))] += float(rng.uniform(10, 14))
+    # The near row's token: a log ratio that puts its ratio in (1e-4, 1e-3).
+    j = int(rng.integers(lengths[near_row]))
+    rollout[near_row, j] = old[near_row, j] + np.float32(rng.uniform(7.0, 8.5))
+    upper = round(float(rng.uniform(1.5, 3.0)), 3)
+    base = dict(rollout_is_level="token", rollout_is_mode="truncate", rollout_is_threshold=upper)
+    big = float(10 ** rng.uniform(-3, -2))
+    vetoes = [("veto 1e-4", 1e-4, dict(base, rollout_is_veto_threshold=1e-4)),
+              ("default veto (1e-4)", 1e-4, dict(base)),
+              ("veto None", None, dict(base, rollout_is_veto_threshold=None)),
+              (f"veto {big:.3g}", big, dict(base, rollout_is_veto_threshold=big))]
+    order = rng.permutation(len(vetoes))
+    vetoes = [vetoes[i] for i in order]
+    cases = [dict(old=old, rollout=rollout, mask=mask, kw=kw) for _, _, kw in vetoes]
+    out, ref = both(PRELUDE + """
 emit(results=[call(c) for c in ARGS["cases"]])
-""", args={"cases": cases})
-    for (name, veto), got in zip([("veto 1e-4", 1e-4), ("default veto (1e-4)", 1e-4), ("veto None", None),
-                                  ("veto 1e-3", 1e-3)], out["results"]):
-        rows = vetoed_rows(old, rollout, mask, veto)
-        close(got["weights"], expected_weights(old, rollout, mask, "token", "truncate", 2.0, 0.5, veto),
-              f"{name}: weights (a row is vetoed, all of it zero, only for a valid token below the threshold)")
-        m = got["metrics"]
-        assert abs(m["mismatch/rollout_is_veto_fraction"] - rows.mean()) < 1e-6, \
-            f"{name}: veto fraction {m['mismatch/rollout_is_veto_fraction']}, want {rows.mean()}"
+""", {"cases": cases})
+    for (name, veto, _), got, want in zip(vetoes, out["results"], ref["results"]):
+        rows_v = vetoed_rows(old, rollout, mask, veto)
+        close(got["weights"], expected_weights(old, rollout, mask, "token", "truncate", upper, 1.0 / upper, veto),
+              f"{name}: weights (a row is vetoed, all of it zero, only for a valid token below the threshold; "
+              f"vetoed rows {np.flatnonzero(rows_v).tolist()})")
+        m = metrics_as_floats(got, name)
+        close(m["mismatch/rollout_is_veto_fraction"], rows_v.mean(), f"{name}: veto fraction")
         cat = (log_ratio(old, rollout) < math.log(veto)) & (mask > 0) if veto else np.zeros(mask.shape, bool)
-        want = cat.sum() / mask.sum()
-        assert abs(m["mismatch/rollout_is_catastrophic_token_fraction"] - want) < 1e-6, \
-            f"{name}: catastrophic token fraction {m['mismatch/rollout_is_catastrophic_token_fraction']}, want {want}"
+        close(m["mismatch/rollout_is_catastrophic_token_fraction"], cat.sum() / mask.sum(),
+              f"{name}: catastrophic token fraction")
+        check_against_reference(got, want, name, metrics=["mismatch/rollout_is_veto_fraction",
+                                                          "mismatch/rollout_is_catastrophic_token_fraction"])
 
 
 def masked_mean(x, m, axis=None):
@@ -231,36 +315,46 @@ def expected_metrics(old, rollout, mask, mode, upper, lower, veto):
 
 
 def test_token_level_metrics():
-    old, rollout = batch(13, 8, 16, 0.7)
-    mask = ragged_mask([16, 11, 16, 5, 14, 16, 2, 9], 16)
-    rollout[4, 6] = old[4, 6] + 11.0   # one catastrophic valid token
+    rng = fresh()
+    rows, width = int(rng.integers(6, 11)), int(rng.integers(10, 19))
+    old, rollout = batch(rng, rows, width, float(rng.uniform(0.5, 0.8)))
+    lengths = lengths_for(rng, rows, width)
+    mask = ragged_mask(lengths, width)
+    for r in rng.choice(rows, size=int(rng.integers(1, 3)), replace=False):
+        j = int(rng.integers(lengths[r]))
+        rollout[r, j] = old[r, j] + np.float32(rng.uniform(10, 13))   # a catastrophic valid token
+    specs = [("truncate", round(float(rng.uniform(1.3, 2.2)), 3), round(float(rng.uniform(0.3, 0.6)), 3)),
+             ("clip", round(float(rng.uniform(1.2, 1.8)), 3), round(float(rng.uniform(0.5, 0.85)), 3))]
+    rng.shuffle(specs)
     cases = [dict(old=old, rollout=rollout, mask=mask,
                   kw=dict(rollout_is_level="token", rollout_is_mode=mode, rollout_is_threshold=upper,
                           rollout_is_threshold_lower=lower, rollout_is_veto_threshold=1e-4))
-             for mode, upper, lower in [("truncate", 1.8, 0.4), ("clip", 1.5, 0.7)]]
-    out = run(PRELUDE + """
+             for mode, upper, lower in specs]
+    out, ref = both(PRELUDE + """
 res = [call(c) for c in ARGS["cases"]]
 plain = compute_mismatch_metrics(old_log_prob=t(ARGS["cases"][0]["old"]), rollout_log_prob=None,
                                  response_mask=t(ARGS["cases"][0]["mask"]))
-emit(results=res, plain={k: float(v) for k, v in plain.items()},
-     plain_types=sorted({type(v).__name__ for v in plain.values()}))
-""", args={"cases": cases})
-    for case, got in zip(cases, out["results"]):
+emit(results=res, plain=dict(plain))
+""", {"cases": cases})
+    for case, got, ref_got in zip(cases, out["results"], ref["results"]):
         kw = case["kw"]
         where = f"token level, {kw['rollout_is_mode']} mode, thresholds [{kw['rollout_is_threshold_lower']}, {kw['rollout_is_threshold']}]"
-        assert got["metric_types"] == ["float"], f"{where}: metric values of types {got['metric_types']}, want float"
+        metrics = metrics_as_floats(got, where)
         want = expected_metrics(old, rollout, mask, kw["rollout_is_mode"], kw["rollout_is_threshold"],
                                 kw["rollout_is_threshold_lower"], 1e-4)
         for key, value in want.items():
             name = "mismatch/" + key
-            assert name in got["metrics"], f"{where}: metric {name} missing"
-            close(got["metrics"][name], value, f"{where}: {name}", rtol=1e-4)
-    plain = out["plain"]
-    assert out["plain_types"] == ["float"], f"compute_mismatch_metrics returned values of types {out['plain_types']}"
+            assert name in metrics, f"{where}: metric {name} missing"
+            close(metrics[name], value, f"{where}: {name}", rtol=1e-4)
+        check_against_reference(got, ref_got, where, rtol=1e-4, metrics="all")
+    plain = metrics_as_floats({"metrics": out["plain"]}, "compute_mismatch_metrics without rollout log-probs")
     assert set(plain) == {"mismatch_training_ppl", "mismatch_training_log_ppl"}, \
         f"compute_mismatch_metrics without rollout log-probs returned {sorted(plain)}"
     o = masked_mean(old.astype(np.float64), mask, -1)
     close(plain["mismatch_training_ppl"], np.exp(-o).mean(), "mismatch_training_ppl without rollout log-probs", 1e-4)
+    close(plain["mismatch_training_log_ppl"], (-o).mean(), "mismatch_training_log_ppl without rollout log-probs", 1e-4)
+    for k in ref["plain"]:
+        close(plain[k], ref["plain"][k], f"compute_mismatch_metrics without rollout log-probs: {k} (reference)", 1e-5)
 
 
 LOSSES = """
@@ -270,7 +364,9 @@ from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.workers.config.actor import ActorConfig
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size=2, clip_ratio=0.2)
+low, high, clip_c = ARGS["clip"]
+cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size=2, clip_ratio=low,
+                  clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=clip_c)
 
 
 def t(a):
@@ -283,8 +379,8 @@ out = {}
 for name in ARGS["modes"]:
     fn = get_policy_loss_fn(name)
     row = {}
-    for label, w in (("none", None), ("half", t(ARGS["half"])), ("weights", t(ARGS["weights"]))):
-        torch.manual_seed(0)
+    for label, w in (("none", None), ("scaled", t(ARGS["scaled"])), ("weights", t(ARGS["weights"]))):
+        torch.manual_seed(ARGS["seed"])
         row[label] = float(fn(rollout_is_weights=w, **common)[0])
     out[name] = row
 emit(**out)
@@ -293,11 +389,12 @@ emit(**out)
 MODES = ["vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "geo_mean"]
 
 
-def vanilla_reference(old, new, adv, mask, w, clip=0.2, clip_c=3.0):
+def vanilla_reference(old, new, adv, mask, w, clip):
+    low, high, clip_c = clip
     nk = np.clip(new.astype(np.float64) - old, -20.0, 20.0)
     ratio = np.exp(nk)
     l1 = -adv * ratio
-    l2 = -adv * np.clip(ratio, 1 - clip, 1 + clip)
+    l2 = -adv * np.clip(ratio, 1 - low, 1 + high)
     c1 = np.maximum(l1, l2)
     c2 = np.minimum(-adv * clip_c, c1)
     pg = np.where(adv < 0, c2, c1) * w
@@ -305,22 +402,32 @@ def vanilla_reference(old, new, adv, mask, w, clip=0.2, clip_c=3.0):
 
 
 def test_every_policy_loss_applies_the_weights():
-    rng = np.random.default_rng(14)
-    shape = (6, 10)
+    rng = fresh()
+    rows, width = int(rng.integers(4, 9)), int(rng.integers(6, 14))
+    shape = (rows, width)
     old = rng.normal(-1.0, 0.3, shape).astype(np.float32)
     new = (old + rng.normal(0.0, 0.3, shape)).astype(np.float32)
     adv = rng.normal(0.0, 1.0, shape).astype(np.float32)
-    mask = ragged_mask([10, 8, 10, 6, 9, 10], 10)
-    half = np.full(shape, 0.5, np.float32)
+    mask = ragged_mask(lengths_for(rng, rows, width), width)
+    scale = round(float(rng.uniform(0.2, 0.9)), 3)
+    scaled = np.full(shape, scale, np.float32)
     weights = rng.uniform(0.2, 1.8, shape).astype(np.float32)
-    out = run(LOSSES, args=dict(old=old, new=new, adv=adv, mask=mask, half=half, weights=weights, modes=MODES))
+    # Clip ratios (low, high) and the dual-clip bound.
+    clip = [round(float(rng.uniform(0.1, 0.3)), 3), round(float(rng.uniform(0.15, 0.35)), 3),
+            round(float(rng.uniform(1.5, 3.5)), 3)]
+    args = dict(old=old, new=new, adv=adv, mask=mask, scaled=scaled, weights=weights, modes=MODES, clip=clip,
+                seed=int(rng.integers(1 << 31)))
+    out, ref = both(LOSSES, args)
     for name in MODES:
-        got = out[name]
-        assert math.isfinite(got["none"]) and abs(got["none"]) > 1e-6, f"{name}: unweighted loss {got['none']}"
-        assert abs(got["half"] - 0.5 * got["none"]) <= 1e-4 * abs(got["none"]) + 1e-7, (
-            f"{name}: loss with rollout_is_weights all 0.5 is {got['half']}, want half the unweighted "
-            f"{got['none']} (the weights scale every token's loss)")
-    want = vanilla_reference(old, new, adv.astype(np.float64), mask, weights)
-    close(out["vanilla"]["weights"], want, "vanilla loss with per-token rollout_is_weights", rtol=1e-4)
-    want = vanilla_reference(old, new, adv.astype(np.float64), mask, 1.0)
-    close(out["vanilla"]["none"], want, "vanilla loss without rollout_is_weights", rtol=1e-4)
+        got, want = out[name], ref[name]
+        assert abs(want["none"]) > 1e-6, f"probe setup: {name}'s reference loss is {want['none']}"
+        for label in ("none", "weights"):
+            close(got[label], want[label], f"{name}: loss with rollout_is_weights={label} (compared with the reference)",
+                  rtol=1e-4)
+        close(got["scaled"], scale * want["none"],
+              f"{name}: loss with rollout_is_weights all {scale}: want {scale} times the reference's unweighted "
+              f"loss {want['none']} (the weights scale every token's loss)", rtol=1e-4)
+    close(out["vanilla"]["weights"], vanilla_reference(old, new, adv.astype(np.float64), mask, weights, clip),
+          "vanilla loss with per-token rollout_is_weights", rtol=1e-4)
+    close(out["vanilla"]["none"], vanilla_reference(old, new, adv.astype(np.float64), mask, 1.0, clip),
+          "vanilla loss without rollout_is_weights", rtol=1e-4)

@@ -1,16 +1,18 @@
 """Probes for verl-0008 (rollout importance-sampling weights kept apart from rejection).
 
-The judge (this module) never imports verl or torch. Each probe sends log-probabilities and
-response masks it built itself to a child, which calls compute_rollout_importance_weights (or
-agg_loss) on the GPU when one is visible, on the CPU otherwise, and sends back the weights, the
-returned response mask, the metrics and the loss as plain arrays and floats. The judge recomputes
-what the instruction's contract implies with its own numpy: the safety-bounded ratio per token
-(token level) or per sequence (sequence level), truncation only in truncate mode, rejection only
-through the returned mask, and sequence means over the sequences that keep a valid token."""
+The judge (this module) never imports verl or torch. Each probe draws log-probabilities,
+ragged response masks, thresholds and the places of catastrophic tokens fresh with its own
+numpy and sends them to a child, which calls compute_rollout_importance_weights (or agg_loss) on
+the GPU when one is visible, on the CPU otherwise, and sends back the weights, the returned
+response mask, the metrics and the loss as plain arrays and floats. The judge recomputes what
+the instruction's contract implies with its own numpy (the safety-bounded ratio per token or per
+sequence, truncation only in truncate mode, rejection only through the returned mask, sequence
+means over the sequences that keep a valid token) and compares with gold's child on the same
+inputs too."""
 
 import numpy as np
 
-from infradev_probe import run
+from infradev_probe import fresh, reference, run
 
 PRELUDE = """
 import numpy as np
@@ -25,9 +27,10 @@ def t(a):
     return torch.as_tensor(np.asarray(a), dtype=torch.float32, device=DEV)
 
 
-def call(case):
+def call(case, **extra):
     kw = dict(old_log_prob=t(case["old"]), rollout_log_prob=t(case["rollout"]), response_mask=t(case["mask"]))
     kw.update(case["kw"])
+    kw.update(extra)
     out = compute_rollout_importance_weights(**kw)
     assert isinstance(out, tuple) and len(out) == 3, "expected (weights, response_mask, metrics)"
     w, m, metrics = out
@@ -45,6 +48,15 @@ BOUND = 20.0
 
 def ragged_mask(lengths, width):
     return (np.arange(width)[None, :] < np.asarray(lengths)[:, None]).astype(np.float32)
+
+
+def lengths_for(rng, rows, width):
+    """Random valid lengths, at least one full row and one short one."""
+    lengths = rng.integers(1, width + 1, size=rows)
+    full, short = rng.choice(rows, size=2, replace=False)
+    lengths[full] = width
+    lengths[short] = int(rng.integers(1, max(2, width // 2)))
+    return [int(x) for x in lengths]
 
 
 def ratios(old, rollout, mask, level):
@@ -67,41 +79,79 @@ def expected(old, rollout, mask, level, mode, upper, lower, veto):
         w = r.copy()
         m = mask * ((r >= lower) & (r <= upper))
     if veto is not None:
-        bad = ((old - rollout) < np.log(veto)) & (mask > 0)
+        bad = ((old.astype(np.float64) - rollout) < np.log(veto)) & (mask > 0)
         m = m * (~bad.any(-1, keepdims=True))
     return w * mask, m
 
 
-def batch(seed, rows, width, spread):
-    rng = np.random.default_rng(seed)
+def batch(rng, rows, width, spread):
     old = rng.normal(-1.5, 0.5, (rows, width)).astype(np.float32)
     rollout = (old - rng.normal(0.0, spread, (rows, width))).astype(np.float32)
     return old, rollout
 
 
-def close(got, want, what):
-    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-7, err_msg=what)
+def close(got, want, what, rtol=2e-5):
+    assert got is not None, f"{what}: nothing returned"
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=rtol, atol=1e-7, err_msg=what)
+
+
+def both(code, args):
+    """What the submission's child and gold's child send for the same drawn args."""
+    return run(code, args=args), reference(code, args=args)
+
+
+def check_against_reference(got, want, where):
+    for key in ("weights", "mask"):
+        if want[key] is None:
+            assert got[key] is None, f"{where}: {key} returned, the reference returns None"
+        else:
+            close(got[key], want[key], f"{where}: {key} (compared with the reference)", rtol=1e-5)
+    for key in ("weights_device", "mask_device"):
+        assert got[key] == want[key], f"{where}: {key} {got[key]}, want {want[key]}"
+    assert sorted(got["metrics"]) == sorted(want["metrics"]), (
+        f"{where}: metric keys differ from the reference's (missing {sorted(set(want['metrics']) - set(got['metrics']))}, "
+        f"unexpected {sorted(set(got['metrics']) - set(want['metrics']))})")
+    for k, v in want["metrics"].items():
+        close(got["metrics"][k], v, f"{where}: {k} (compared with the reference)", rtol=1e-5)
+
+
+def thresholds(rng, lower_too):
+    upper = round(float(rng.uniform(1.15, 1.9)), 3)
+    lower = round(float(rng.uniform(0.55, 0.9)), 3) if lower_too else None
+    return upper, lower
 
 
 def test_mask_mode_keeps_ratios_and_rejects_through_the_mask():
-    old, rollout = batch(1, 6, 12, 0.6)
-    mask = ragged_mask([12, 9, 4, 12, 7, 1], 12)
+    rng = fresh()
+    rows, width = int(rng.integers(5, 10)), int(rng.integers(8, 16))
+    old, rollout = batch(rng, rows, width, float(rng.uniform(0.5, 0.8)))
+    mask = ragged_mask(lengths_for(rng, rows, width), width)
+    specs = []
+    for level, mode in [("token", "mask"), ("sequence", "mask"), ("geometric", "mask"), ("token", "truncate"),
+                        (str(rng.choice(["sequence", "geometric"])), "truncate")]:
+        specs.append((level, mode) + thresholds(rng, mode == "mask" or rng.random() < 0.3))
+    rng.shuffle(specs)
+    # Calls with the feature off (threshold None) go in at drawn places among them.
+    for _ in range(int(rng.integers(1, 3))):
+        specs.insert(int(rng.integers(len(specs) + 1)), (str(rng.choice(["token", "sequence"])), "mask", None, None))
     cases = []
-    for level, mode, upper, lower in [("token", "mask", 1.6, 0.6), ("sequence", "mask", 1.8, 0.7),
-                                      ("geometric", "mask", 1.2, 0.9), ("token", "truncate", 1.4, None),
-                                      ("sequence", "truncate", 1.5, None)]:
+    for level, mode, upper, lower in specs:
         kw = dict(rollout_is_level=level, rollout_is_mode=mode, rollout_is_threshold=upper,
                   rollout_is_veto_threshold=None)
         if lower is not None:
             kw["rollout_is_threshold_lower"] = lower
         cases.append(dict(old=old, rollout=rollout, mask=mask, kw=kw))
-    out = run(PRELUDE + """
+    out, ref = both(PRELUDE + """
 emit(results=[call(c) for c in ARGS["cases"]])
-""", args={"cases": cases})
-    for case, got in zip(cases, out["results"]):
-        kw = case["kw"]
-        level, mode, upper = kw["rollout_is_level"], kw["rollout_is_mode"], kw["rollout_is_threshold"]
-        lower = kw.get("rollout_is_threshold_lower", 1.0 / upper)
+""", {"cases": cases})
+    assert len(out["results"]) == len(specs), "one result per call"
+    for (level, mode, upper, lower), got, want in zip(specs, out["results"], ref["results"]):
+        if upper is None:
+            assert got["weights"] is None and got["metrics"] == {}, (
+                f"{level} level with rollout_is_threshold=None: want no weights and no metrics")
+            close(got["mask"], mask, f"{level} level with rollout_is_threshold=None: the returned mask is the one passed in")
+            continue
+        lower = 1.0 / upper if lower is None else lower
         want_w, want_m = expected(old, rollout, mask, level, mode, upper, lower, None)
         where = f"{level} level, {mode} mode, thresholds [{lower}, {upper}]"
         assert got["weights"] is not None, f"{where}: no weights returned"
@@ -109,75 +159,107 @@ emit(results=[call(c) for c in ARGS["cases"]])
                                       f"ratios, truncate mode caps them at the upper threshold; 0 at padding)")
         close(got["mask"], want_m, f"{where}: returned response_mask (mask mode rejects out-of-bounds "
                                    f"ratios through it; truncate mode leaves it as it was)")
-    # The contract is exercised where the weights are really out of bounds.
-    r = ratios(old, rollout, mask, "token")
-    assert ((r > 1.6) & (mask > 0)).any() and ((r < 0.6) & (mask > 0)).any()
+        check_against_reference(got, want, where)
 
 
 def test_veto_rejects_through_the_mask_and_is_off_by_default():
-    old, rollout = batch(2, 4, 10, 0.3)
-    mask = ragged_mask([10, 10, 6, 8], 10)
-    rollout[0, 3] = old[0, 3] + 12.0   # ratio e^-12, far below 1e-4: row 0 is vetoed
-    rollout[2, 8] = old[2, 8] + 12.0   # the same ratio at a padding position: row 2 is not
-    veto = dict(old=old, rollout=rollout, mask=mask,
-                kw=dict(rollout_is_level="token", rollout_is_mode="truncate", rollout_is_threshold=2.0,
-                        rollout_is_veto_threshold=1e-4))
-    default = dict(old=old, rollout=rollout, mask=mask,
-                   kw=dict(rollout_is_level="token", rollout_is_mode="truncate", rollout_is_threshold=2.0))
-    out = run(PRELUDE + """
+    rng = fresh()
+    rows, width = int(rng.integers(5, 10)), int(rng.integers(8, 14))
+    old, rollout = batch(rng, rows, width, 0.3)
+    lengths = lengths_for(rng, rows, width)
+    mask = ragged_mask(lengths, width)
+    padded = [i for i in range(rows) if lengths[i] < width]
+    pad_row = int(rng.choice(padded))
+    others = [int(r) for r in rng.permutation(rows) if r != pad_row]
+    veto_rows = others[:int(rng.integers(1, len(others)))]
+    # Ratios around e^-12 .. e^-15, far below any veto threshold drawn here: at a valid token of
+    # each vetoed row, and at a padding position of another row (which vetoes nothing).
+    rollout[pad_row, int(rng.integers(lengths[pad_row], width))] += np.float32(rng.uniform(12, 15))
+    for r in veto_rows:
+        j = int(rng.integers(lengths[r]))
+        rollout[r, j] = old[r, j] + np.float32(rng.uniform(12, 15))
+    veto = float(10 ** rng.uniform(-5, -3))
+    upper = round(float(rng.uniform(1.5, 3.0)), 3)
+    modes = [(str(rng.choice(["token", "sequence"])), m) for m in ("truncate", "mask")]
+    specs = [(lv, md, veto) for lv, md in modes] + [(lv, md, "default") for lv, md in modes[:1]] + \
+        [(str(rng.choice(["token", "sequence"])), str(rng.choice(["truncate", "mask"])), "config")]
+    rng.shuffle(specs)
+    cases = []
+    for level, mode, v in specs:
+        kw = dict(rollout_is_level=level, rollout_is_mode=mode, rollout_is_threshold=upper)
+        if isinstance(v, float):
+            kw["rollout_is_veto_threshold"] = v
+        cases.append(dict(old=old, rollout=rollout, mask=mask, kw=kw, veto=v))
+    out, ref = both(PRELUDE + """
 import dataclasses
 from verl.trainer.config.algorithm import AlgoConfig
-emit(veto=call(ARGS["veto"]), default=call(ARGS["default"]),
-     config_default=AlgoConfig().rollout_is_veto_threshold,
-     field_default={f.name: f.default for f in dataclasses.fields(AlgoConfig)}.get("rollout_is_veto_threshold", "missing"))
-""", args={"veto": veto, "default": default})
 
-    want_w, want_m = expected(old, rollout, mask, "token", "truncate", 2.0, 0.5, 1e-4)
-    got = out["veto"]
-    close(got["weights"], want_w, "with a veto threshold, rollout_is_weights keep the truncated ratios of a vetoed "
-                                  "sequence (the veto does not zero weights)")
-    close(got["mask"], want_m, "with a veto threshold, the returned response_mask zeroes exactly the sequences "
-                               "with a valid token whose ratio is below it")
-    assert got["mask"][0].sum() == 0 and got["mask"][2].sum() == mask[2].sum()
-
-    want_w, want_m = expected(old, rollout, mask, "token", "truncate", 2.0, 0.5, None)
-    got = out["default"]
-    close(got["weights"], want_w, "without rollout_is_veto_threshold: rollout_is_weights")
-    close(got["mask"], want_m, "without rollout_is_veto_threshold no sequence may be vetoed (the default is None)")
-    assert out["config_default"] is None, f"AlgoConfig().rollout_is_veto_threshold is {out['config_default']!r}, want None"
-    assert out["field_default"] is None, f"AlgoConfig's rollout_is_veto_threshold default is {out['field_default']!r}"
-
-
-# Calls on the same caller tensors, one after another: the returned mask of each must follow from
-# the caller's mask as it was, which the caller must get back unchanged.
-CALLS = [["token", "truncate"], ["token", "mask"], ["sequence", "mask"], ["sequence", "truncate"]]
+fields = {f.name: f.default for f in dataclasses.fields(AlgoConfig)}
+res = []
+for c in ARGS["cases"]:
+    if c["veto"] == "config":
+        # The trainer's way: the threshold as AlgoConfig gives it by default, and as its
+        # dataclass field declares it.
+        res.append([call(c, rollout_is_veto_threshold=AlgoConfig().rollout_is_veto_threshold),
+                    call(c, rollout_is_veto_threshold=fields["rollout_is_veto_threshold"])])
+    else:
+        res.append([call(c)])
+emit(results=res)
+""", {"cases": cases})
+    for (level, mode, v), got, want in zip(specs, out["results"], ref["results"]):
+        applied = v if isinstance(v, float) else None
+        want_w, want_m = expected(old, rollout, mask, level, mode, upper, 1.0 / upper, applied)
+        what = {"default": "rollout_is_veto_threshold left out (default None)",
+                "config": "rollout_is_veto_threshold from AlgoConfig's default (None)"}.get(v) or f"veto {v:.3g}"
+        where = f"{level} level, {mode} mode, {what}; rows with a valid catastrophic token {sorted(veto_rows)}"
+        assert len(got) == len(want), f"{where}: one result per call"
+        for g, w in zip(got, want):
+            close(g["weights"], want_w, f"{where}: rollout_is_weights (the veto does not touch the weights)")
+            close(g["mask"], want_m, f"{where}: the returned response_mask (the veto zeroes exactly the rows "
+                                     f"with a valid token below its threshold; no veto unless asked for)")
+            check_against_reference(g, w, where)
 
 
 def test_callers_tensors_are_left_untouched():
-    old, rollout = batch(3, 5, 8, 0.8)
-    mask = ragged_mask([8, 5, 8, 3, 6], 8)
-    rollout[1, 2] = old[1, 2] + 12.0
-    out = run(PRELUDE + """
+    rng = fresh()
+    rows, width = int(rng.integers(4, 9)), int(rng.integers(6, 12))
+    old, rollout = batch(rng, rows, width, float(rng.uniform(0.5, 0.9)))
+    lengths = lengths_for(rng, rows, width)
+    mask = ragged_mask(lengths, width)
+    for r in rng.choice(rows, size=int(rng.integers(1, 3)), replace=False):
+        j = int(rng.integers(lengths[r]))
+        rollout[r, j] = old[r, j] + np.float32(rng.uniform(11, 14))
+    # Calls on the same caller tensors, one after another: the returned mask of each must
+    # follow from the caller's mask as it was, which the caller must get back unchanged.
+    calls = [["token", "truncate"], [str(rng.choice(["token", "sequence"])), "mask"]] + [
+        [str(rng.choice(["token", "sequence", "geometric"])), str(rng.choice(["truncate", "mask"]))]
+        for _ in range(int(rng.integers(2, 5)))]
+    rng.shuffle(calls)
+    upper, lower = thresholds(rng, True)
+    veto = float(10 ** rng.uniform(-4.5, -3))
+    args = dict(old=old, rollout=rollout, mask=mask, calls=calls, upper=upper, lower=lower, veto=veto)
+    out, ref = both(PRELUDE + """
 old, rollout, mask = t(ARGS["old"]), t(ARGS["rollout"]), t(ARGS["mask"])
-keep = [x.clone() for x in (old, rollout, mask)]
 returned = []
 for level, mode in ARGS["calls"]:
     w, m, _ = compute_rollout_importance_weights(
         old_log_prob=old, rollout_log_prob=rollout, response_mask=mask, rollout_is_level=level,
-        rollout_is_mode=mode, rollout_is_threshold=1.5, rollout_is_threshold_lower=0.7,
-        rollout_is_veto_threshold=1e-4)
+        rollout_is_mode=mode, rollout_is_threshold=ARGS["upper"], rollout_is_threshold_lower=ARGS["lower"],
+        rollout_is_veto_threshold=ARGS["veto"])
     returned.append(m.detach().float().cpu().numpy())
-emit(old=old.cpu().numpy(), rollout=rollout.cpu().numpy(), mask=mask.cpu().numpy(), returned=returned,
-     unchanged=[bool(torch.equal(a, b)) for a, b in zip((old, rollout, mask), keep)])
-""", args=dict(old=old, rollout=rollout, mask=mask, calls=CALLS))
-    np.testing.assert_array_equal(out["mask"], mask, err_msg="the caller's response_mask was modified in place")
+emit(old=old.cpu().numpy(), rollout=rollout.cpu().numpy(), mask=mask.cpu().numpy(), returned=returned)
+""", args)
+    np.testing.assert_array_equal(out["mask"], mask, err_msg="the caller's response_mask was modified")
     np.testing.assert_array_equal(out["old"], old, err_msg="the caller's old_log_prob was modified")
     np.testing.assert_array_equal(out["rollout"], rollout, err_msg="the caller's rollout_log_prob was modified")
-    for (level, mode), got in zip(CALLS, out["returned"]):
-        _, want_m = expected(old, rollout, mask, level, mode, 1.5, 0.7, 1e-4)
-        close(got, want_m, f"{level} level, {mode} mode with veto, all calls on the same tensors: returned "
-                           f"response_mask")
-        assert got.sum() < mask.sum(), "the case must reject something"
+    assert len(out["returned"]) == len(calls), "one returned mask per call"
+    for i, ((level, mode), got, want) in enumerate(zip(calls, out["returned"], ref["returned"])):
+        _, want_m = expected(old, rollout, mask, level, mode, upper, lower, veto)
+        assert want_m.sum() < mask.sum(), "probe setup: the case must reject something"
+        where = (f"call {i + 1} of {len(calls)} ({level} level, {mode} mode, veto {veto:.3g}) on the same tensors: "
+                 f"returned response_mask")
+        close(got, want_m, where)
+        close(got, want, where + " (compared with the reference)")
 
 
 AGG = """
@@ -187,12 +269,12 @@ from verl.trainer.ppo.core_algos import agg_loss
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 loss = torch.as_tensor(ARGS["loss"], dtype=torch.float32, device=DEV)
-out = {}
-for name, m in ARGS["masks"].items():
+out = []
+for m in ARGS["masks"]:
     mask = torch.as_tensor(m, dtype=torch.float32, device=DEV)
-    out[name] = {mode: float(agg_loss(loss_mat=loss, loss_mask=mask, loss_agg_mode=mode))
-                 for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")}
-emit(**out)
+    out.append({mode: float(agg_loss(loss_mat=loss, loss_mask=mask, loss_agg_mode=mode))
+                for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")})
+emit(results=out)
 """
 
 
@@ -209,18 +291,26 @@ def reference_agg(loss, mask, mode):
 
 
 def test_sequence_means_leave_out_fully_rejected_sequences():
-    rng = np.random.default_rng(4)
-    loss = rng.normal(0.5, 1.0, (6, 9)).astype(np.float32)
-    masks = {
-        "some rows rejected": ragged_mask([9, 0, 5, 0, 9, 2], 9),
-        "no row rejected": ragged_mask([9, 3, 5, 7, 9, 2], 9),
-        "every row rejected": np.zeros((6, 9), np.float32),
-    }
-    out = run(AGG, args={"loss": loss, "masks": masks})
-    for name, mask in masks.items():
-        for mode, got in out[name].items():
-            want = reference_agg(loss, mask, mode)
-            assert np.isfinite(got), f"{name}: agg_loss({mode}) is {got}"
-            assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), (
-                f"{name}: agg_loss({mode}) = {got}, want {want} (sequence means count only sequences with a "
-                f"valid token)")
+    rng = fresh()
+    rows, width = int(rng.integers(4, 10)), int(rng.integers(5, 13))
+    loss = rng.normal(float(rng.uniform(0.2, 1.0)), 1.0, (rows, width)).astype(np.float32)
+    some = np.array(lengths_for(rng, rows, width))
+    some[rng.choice(rows, size=int(rng.integers(1, rows)), replace=False)] = 0
+    scattered = (rng.random((rows, width)) < 0.6).astype(np.float32)
+    scattered[rng.choice(rows, size=int(rng.integers(1, rows)), replace=False)] = 0
+    masks = [("some rows rejected", ragged_mask(some, width)),
+             ("no row rejected", ragged_mask(lengths_for(rng, rows, width), width)),
+             ("scattered tokens, some rows rejected", scattered),
+             ("every row rejected", np.zeros((rows, width), np.float32))]
+    order = rng.permutation(len(masks))
+    masks = [masks[i] for i in order]
+    out, ref = both(AGG, {"loss": loss, "masks": [m for _, m in masks]})
+    assert len(out["results"]) == len(masks), "one result per mask"
+    for (name, mask), got, want in zip(masks, out["results"], ref["results"]):
+        for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
+            expect = reference_agg(loss, mask, mode)
+            what = (f"{name} (rows kept {int((mask.sum(-1) > 0).sum())} of {rows}): agg_loss({mode}) "
+                    f"(sequence means count only sequences with a valid token)")
+            assert abs(got[mode] - expect) <= 1e-5 * max(1.0, abs(expect)), f"{what}: {got[mode]}, want {expect}"
+            assert abs(got[mode] - want[mode]) <= 1e-6 * max(1.0, abs(want[mode])), (
+                f"{what}: {got[mode]}, the reference gives {want[mode]}")

@@ -45,12 +45,11 @@ def build(mask, device, meta=None):
 def describe(piece):
     b = piece.batch
     row = b["row"]
-    width = b["input_ids"].shape[1]
     return {
         "type": type(piece).__name__,
         "rows": row.tolist(),
         "devices": sorted({str(v.device.type) for v in b.values()}),
-        "input_ids_ok": bool((b["input_ids"] == row[:, None] * 1000 + torch.arange(width, device=row.device)).all()),
+        "input_ids": b["input_ids"].cpu().numpy(),
         "feat_rows": b["feat"][:, 0, 0].long().tolist(),
         "mask": b["attention_mask"].cpu().numpy(),
         "uid": [str(u) for u in piece.non_tensor_batch.get("uid", [])],
@@ -83,7 +82,9 @@ def _check_piece(label, k, piece, want_rows, mask):
     assert piece["type"] == "DataProto", f"{label}: piece {k} is a {piece['type']}, want a DataProto"
     assert piece["rows"] == want_rows, f"{label}: piece {k} holds samples {piece['rows']}, want {want_rows}"
     assert piece["devices"] == ["cuda"], f"{label}: piece {k}'s tensors are on {piece['devices']}, want the GPU"
-    assert piece["input_ids_ok"] and piece["feat_rows"] == want_rows, (
+    ids = np.asarray(piece["input_ids"])
+    want_ids = np.asarray(want_rows, dtype=np.int64)[:, None] * 1000 + np.arange(mask.shape[1])[None, :]
+    assert ids.shape == want_ids.shape and np.array_equal(ids, want_ids) and piece["feat_rows"] == want_rows, (
         f"{label}: piece {k}: the rows of input_ids/feat do not belong to samples {want_rows} "
         f"(feat rows from samples {piece['feat_rows']})")
     np.testing.assert_array_equal(piece["mask"], mask[want_rows], err_msg=f"{label}: piece {k}'s attention_mask rows")

@@ -1,333 +1,396 @@
 """Hidden probes for vllm-0003 (prefix-caching-aware scheduling of V0 prefills).
 
-The judge never imports vllm. One child process drives the block allocators, the V0 block
-manager and the V0 scheduler through every scenario (each in its own try block, so one failing
-scenario does not hide the others) and sends back plain numbers; each probe checks its scenario
-against values the judge works out itself from the instruction's contract."""
+The judge never imports vllm. Every probe draws its scenario fresh (block sizes, pool sizes,
+chain lengths, shared prefixes, token ids, chunk sizes, token budgets, which prompts repeat or
+extend which, how many steps run), drives the block allocators, the V0 block manager or the V0
+scheduler in a child process and checks what comes back: lookups and cached-token counts
+against what the judge computes from the instruction's contract, scheduler traces against the
+same driver over the gold tree (``reference``) on the same inputs."""
 
-import functools
+from infradev_probe import fresh, reference, run, same
 
-from infradev_probe import run
+# Reference children run as a user with no passwd entry; torch asks getpass for a user name
+# when vllm is imported, which then needs one in the environment.
+_ENV = {"USER": "probe", "LOGNAME": "probe"}
 
-_DRIVER = """
-import traceback
-
-from vllm.config import CacheConfig, SchedulerConfig
+_LOOKUP = r"""
 from vllm.core.block.cpu_gpu_block_allocator import CpuGpuBlockAllocator
 from vllm.core.block.prefix_caching_block import PrefixCachingBlockAllocator
-from vllm.core.block_manager import SelfAttnBlockSpaceManager
-from vllm.core.scheduler import Scheduler
-from vllm.inputs import token_inputs
-from vllm.sampling_params import SamplingParams
-from vllm.sequence import Logprob, Sequence, SequenceGroup, SequenceStatus
 from vllm.utils import Device
 
+bs = ARGS["block_size"]
 
-def chain(allocator, tokens, block_size):
+
+def chain(tokens, allocate):
     blocks, prev = [], None
-    for i in range(0, len(tokens), block_size):
-        prev = allocator.allocate_immutable_block(prev_block=prev,
-                                                  token_ids=tokens[i:i + block_size])
+    for i in range(0, len(tokens), bs):
+        prev = allocate(prev, tokens[i:i + bs])
         blocks.append(prev)
     return blocks
 
 
 def positions(found, hashes):
     # Where each returned value sits in the queried list (-1: not one of the given hashes).
-    out = []
-    for v in found:
-        out.append(hashes.index(v) if v in hashes else -1)
-    return out
+    if type(found) is not list:
+        return "not a list: " + type(found).__name__
+    return [hashes.index(v) if v in hashes else -1 for v in found]
+
+
+r = {}
+a = PrefixCachingBlockAllocator(num_blocks=ARGS["num_blocks"], block_size=bs)
+new = lambda prev, toks: a.allocate_immutable_block(prev_block=prev, token_ids=toks)
+blocks_a = chain(ARGS["a"], new)
+a.mark_blocks_as_computed([])
+ha = [b.content_hash for b in blocks_a]
+# B shares A's first blocks; its own blocks are allocated but not computed yet.
+blocks_b = chain(ARGS["b"], new)
+hb = [b.content_hash for b in blocks_b]
+free = []
+r["a_part"] = positions(a.find_cached_blocks_prefix(ha[:ARGS["qa"]]), ha)
+r["b_uncomputed"] = positions(a.find_cached_blocks_prefix(hb), hb)
+free.append(a.get_num_free_blocks())
+for blk in blocks_a:
+    a.free(blk)
+free.append(a.get_num_free_blocks())
+r["a_after_free"] = positions(a.find_cached_blocks_prefix(ha), ha)
+r["a_prefix_after_free"] = positions(a.find_cached_blocks_prefix(ha[:ARGS["qb"]]), ha)
+r["unknown"] = positions(a.find_cached_blocks_prefix([int(x) for x in ARGS["unknown"]]), ha)
+free.append(a.get_num_free_blocks())
+a.mark_blocks_as_computed([])
+r["b_computed"] = positions(a.find_cached_blocks_prefix(hb), hb)
+# Fresh chains take the never-used blocks, then evict A's unshared tail from its end.
+chain(list(range(500000, 500000 + bs * ARGS["take"])), new)
+a.mark_blocks_as_computed([])
+free.append(a.get_num_free_blocks())
+r["a_after_some_eviction"] = positions(a.find_cached_blocks_prefix(ha), ha)
+chain(list(range(600000, 600000 + bs * a.get_num_free_blocks())), new)
+a.mark_blocks_as_computed([])
+free.append(a.get_num_free_blocks())
+r["a_after_eviction"] = positions(a.find_cached_blocks_prefix(ha), ha)
+r["free"] = free
+
+dev = CpuGpuBlockAllocator.create(allocator_type="prefix_caching",
+                                  num_gpu_blocks=ARGS["gpu_blocks"],
+                                  num_cpu_blocks=ARGS["cpu_blocks"], block_size=bs)
+hd = [b.content_hash for b in chain(
+    ARGS["d"], lambda prev, toks: dev.allocate_immutable_block(prev, toks, device=Device.GPU))]
+dev.mark_blocks_as_computed([])
+# The same tokens on the CPU allocator: cached there, never computed.
+chain(ARGS["d"], lambda prev, toks: dev.allocate_immutable_block(prev, toks, device=Device.CPU))
+r["device_default"] = positions(dev.find_cached_blocks_prefix(hd[:ARGS["qd"]]), hd)
+r["device_gpu"] = positions(dev.find_cached_blocks_prefix(hd, Device.GPU), hd)
+r["device_cpu"] = positions(dev.find_cached_blocks_prefix(hd, Device.CPU), hd)
+naive = CpuGpuBlockAllocator.create(allocator_type="naive", num_gpu_blocks=ARGS["gpu_blocks"],
+                                    num_cpu_blocks=ARGS["cpu_blocks"], block_size=bs)
+chain(ARGS["d"], lambda prev, toks: naive.allocate_immutable_block(prev, toks, device=Device.GPU))
+r["naive"] = positions(naive.find_cached_blocks_prefix(hd), hd)
+emit(**r)
+"""
+
+_SEQ = r"""
+from vllm.sampling_params import SamplingParams
+from vllm.sequence import Logprob, Sequence, SequenceGroup, SequenceStatus
+from vllm.inputs import token_inputs
 
 
 def group(seq_id, tokens, block_size):
-    seq = Sequence(seq_id, inputs=token_inputs(list(tokens)), block_size=block_size)
+    seq = Sequence(seq_id, inputs=token_inputs([int(t) for t in tokens]), block_size=block_size)
     g = SequenceGroup(request_id=str(seq_id), seqs=[seq], arrival_time=0.0,
-                      sampling_params=SamplingParams(max_tokens=64))
+                      sampling_params=SamplingParams(max_tokens=1000))
     return seq, g
 
 
 def append(seq, token):
-    seq.append_token_id(token, {token: Logprob(0.0)})
+    seq.append_token_id(int(token), {int(token): Logprob(0.0)})
+"""
+
+_TRACKING = _SEQ + r"""
+from vllm.core.block_manager import SelfAttnBlockSpaceManager
+
+bs = ARGS["block_size"]
+bm = SelfAttnBlockSpaceManager(block_size=bs, num_gpu_blocks=ARGS["num_blocks"],
+                               num_cpu_blocks=8, watermark=0, enable_caching=True)
+r = {}
 
 
-def lookup(args):
-    bs = 4
-    a = PrefixCachingBlockAllocator(num_blocks=16, block_size=bs)
-    tok_a = list(range(16))
-    blocks_a = chain(a, tok_a, bs)
-    a.mark_blocks_as_computed([])
-    ha = [b.content_hash for b in blocks_a]
-    # B shares A's first two blocks; its last two are allocated but not computed yet.
-    tok_b = tok_a[:8] + list(range(100, 108))
-    blocks_b = chain(a, tok_b, bs)
-    hb = [b.content_hash for b in blocks_b]
-    r = {}
-    free0 = a.get_num_free_blocks()
-    r["a_all"] = positions(a.find_cached_blocks_prefix(ha), ha)
-    r["b_uncomputed"] = positions(a.find_cached_blocks_prefix(hb), hb)
-    r["free_unchanged"] = a.get_num_free_blocks() == free0
-    for blk in blocks_a:
-        a.free(blk)
-    free1 = a.get_num_free_blocks()
-    r["a_after_free"] = positions(a.find_cached_blocks_prefix(ha), ha)
-    r["a_prefix_only"] = positions(a.find_cached_blocks_prefix(ha[:3]), ha[:3])
-    r["free_unchanged_after_free"] = a.get_num_free_blocks() == free1
-    r["unknown"] = positions(a.find_cached_blocks_prefix([ha[0] + 1, ha[1] + 1]), ha)
-    r["empty"] = positions(a.find_cached_blocks_prefix([]), [])
-    a.mark_blocks_as_computed([])
-    r["b_computed"] = positions(a.find_cached_blocks_prefix(hb), hb)
-    # Taking every free block for fresh tokens evicts A's unshared tail; B holds its head.
-    chain(a, list(range(200, 200 + bs * a.get_num_free_blocks())), bs)
-    a.mark_blocks_as_computed([])
-    r["a_after_eviction"] = positions(a.find_cached_blocks_prefix(ha), ha)
-
-    dev = CpuGpuBlockAllocator.create(allocator_type="prefix_caching", num_gpu_blocks=8,
-                                      num_cpu_blocks=8, block_size=bs)
-    gpu = dev._allocators[Device.GPU]
-    hd = [b.content_hash for b in chain(gpu, list(range(12)), bs)]
-    dev.mark_blocks_as_computed([])
-    r["device_default"] = positions(dev.find_cached_blocks_prefix(hd), hd)
-    r["device_gpu"] = positions(dev.find_cached_blocks_prefix(hd, Device.GPU), hd)
-    r["device_cpu"] = positions(dev.find_cached_blocks_prefix(hd, Device.CPU), hd)
-    naive = CpuGpuBlockAllocator.create(allocator_type="naive", num_gpu_blocks=8,
-                                        num_cpu_blocks=8, block_size=bs)
-    r["naive"] = positions(naive.find_cached_blocks_prefix(hd), hd)
-    return r
+def admit(seq, g, chunk):
+    # What the scheduler does for a waiting prompt: ask, allocate, run a chunk.
+    n = bm.get_num_cached_tokens(seq)
+    bm.allocate(g)
+    seq.status = SequenceStatus.RUNNING
+    bm.mark_blocks_as_computed(g, chunk)
+    g.update_num_computed_tokens(chunk)
+    return n
 
 
-def tracking(args):
-    bs = 4
-    bm = SelfAttnBlockSpaceManager(block_size=bs, num_gpu_blocks=64, num_cpu_blocks=8,
-                                   watermark=0, enable_caching=True)
-    r = {}
+s1, g1 = group(1, ARGS["s1"], bs)
+r["s1_first"] = admit(s1, g1, len(ARGS["s1"]))
+r["s1_computed"] = s1.get_num_computed_tokens()
+for t in ARGS["s1_decode"]:
+    append(s1, t)
+r["s1_decode"] = bm.get_num_cached_tokens(s1)
 
-    def admit(seq, g, chunk):
-        # What the scheduler does for a waiting prompt: ask, allocate, run a chunk.
-        n = bm.get_num_cached_tokens(seq)
-        bm.allocate(g)
-        seq.status = SequenceStatus.RUNNING
-        bm.mark_blocks_as_computed(g, chunk)
-        g.update_num_computed_tokens(chunk)
-        return n
+s2, g2 = group(2, ARGS["s2"], bs)
+r["s2_first"] = bm.get_num_cached_tokens(s2)
+bm.free(s1)
+# A copy of S2's prompt runs: S2's blocks are all cached now, but S2 is still in prefill.
+s7, g7 = group(7, ARGS["s2"], bs)
+admit(s7, g7, len(ARGS["s2"]))
+r["s2_again"] = bm.get_num_cached_tokens(s2)
 
-    s1, g1 = group(1, range(10), bs)
-    r["s1_first"] = admit(s1, g1, 10)
-    r["s1_computed"] = s1.get_num_computed_tokens()
-    append(s1, 900)
-    r["s1_decode"] = bm.get_num_cached_tokens(s1)
+# S3: one chunk of its prefill runs, then it is preempted by recompute.
+s3, g3 = group(3, ARGS["s3"], bs)
+r["s3_first"] = admit(s3, g3, ARGS["s3_chunk"])
+r["s3_prefill_again"] = bm.get_num_cached_tokens(s3)
+bm.free(s3)
+s3.status = SequenceStatus.WAITING
+s3.reset_state_for_recompute()
+r["s3_after_recompute"] = bm.get_num_cached_tokens(s3)
 
-    s2, g2 = group(2, list(range(8)) + [100, 101, 102], bs)
-    r["s2_first"] = bm.get_num_cached_tokens(s2)
-    bm.free(s1)
-    r["s2_again"] = bm.get_num_cached_tokens(s2)
+# S2 finishes; its id comes back with other tokens (as a recomputed request would).
+admit(s2, g2, len(ARGS["s2"]))
+bm.free(s2)
+s2b, g2b = group(2, ARGS["s2b"], bs)
+r["reused_id"] = bm.get_num_cached_tokens(s2b)
 
-    # S3: one chunk of its prefill runs, then it is preempted by recompute.
-    s3, g3 = group(3, range(200, 212), bs)
-    r["s3_first"] = admit(s3, g3, 4)
-    r["s3_prefill_again"] = bm.get_num_cached_tokens(s3)
-    bm.free(s3)
-    s3.status = SequenceStatus.WAITING
-    s3.reset_state_for_recompute()
-    r["s3_after_recompute"] = bm.get_num_cached_tokens(s3)
+off = SelfAttnBlockSpaceManager(block_size=bs, num_gpu_blocks=ARGS["num_blocks"],
+                                num_cpu_blocks=8, watermark=0, enable_caching=False)
+s4, g4 = group(4, ARGS["s1"], bs)
+r["no_caching_first"] = off.get_num_cached_tokens(s4)
+off.allocate(g4)
+s4.status = SequenceStatus.RUNNING
+off.mark_blocks_as_computed(g4, len(ARGS["s1"]))
+g4.update_num_computed_tokens(len(ARGS["s1"]))
+s5, g5 = group(5, ARGS["s1"], bs)
+r["no_caching_shared"] = off.get_num_cached_tokens(s5)
+emit(**r)
+"""
 
-    # S2 finishes; its id comes back with other tokens (as a recomputed request would).
-    admit(s2, g2, 11)
-    bm.free(s2)
-    s2b, g2b = group(2, range(300, 311), bs)
-    r["reused_id"] = bm.get_num_cached_tokens(s2b)
-
-    off = SelfAttnBlockSpaceManager(block_size=bs, num_gpu_blocks=64, num_cpu_blocks=8,
-                                    watermark=0, enable_caching=False)
-    s4, g4 = group(4, range(10), bs)
-    r["no_caching_first"] = off.get_num_cached_tokens(s4)
-    off.allocate(g4)
-    s4.status = SequenceStatus.RUNNING
-    off.mark_blocks_as_computed(g4, 10)
-    g4.update_num_computed_tokens(10)
-    s5, g5 = group(5, range(10), bs)
-    r["no_caching_shared"] = off.get_num_cached_tokens(s5)
-    return r
+_SCHED = _SEQ + r"""
+from vllm.config import CacheConfig, SchedulerConfig
+from vllm.core.scheduler import Scheduler
 
 
-def make_scheduler(budget, max_len, caching, chunked, attention_free=False):
-    sc = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8,
-                         max_model_len=max_len, enable_chunked_prefill=chunked)
-    cc = CacheConfig(4, 1.0, 1, "auto", is_attention_free=attention_free,
-                     enable_prefix_caching=caching)
+def make_scheduler(c):
+    sc = SchedulerConfig(max_num_batched_tokens=c["budget"], max_num_seqs=8,
+                         max_model_len=c["max_len"], enable_chunked_prefill=c["chunked"])
+    cc = CacheConfig(c["block_size"], 1.0, 1, "auto", is_attention_free=c["attention_free"],
+                     enable_prefix_caching=c["caching"])
     cc.num_cpu_blocks = 16
-    cc.num_gpu_blocks = 64
+    cc.num_gpu_blocks = c["gpu_blocks"]
     return Scheduler(sc, cc, None)
 
 
-def step(s, add=()):
-    for _, g in add:
-        s.add_seq_group(g)
+def step(s, add, token):
+    for seq_id, tokens in add:
+        s.add_seq_group(group(seq_id, tokens, s.cache_config.block_size)[1])
     metas, out, _ = s.schedule()
     nblocks = {m.request_id: len(m.computed_block_nums or []) for m in metas}
     row = {
-        "scheduled": [[x.seq_group.request_id, x.token_chunk_size,
+        "scheduled": [[x.seq_group.request_id, int(x.token_chunk_size),
                        nblocks.get(x.seq_group.request_id, -1)]
                       for x in out.scheduled_seq_groups],
-        "num_batched_tokens": out.num_batched_tokens,
+        "num_batched_tokens": int(out.num_batched_tokens),
     }
     # What the engine does after the model ran.
     for x in out.scheduled_seq_groups:
         x.seq_group.update_num_computed_tokens(x.token_chunk_size)
         for seq in x.seq_group.get_seqs():
             if not seq.is_prefill():
-                append(seq, 999)
+                append(seq, token)
     return row
 
 
-def budget(args):
-    rows = {}
-    for caching in (True, False):
-        s = make_scheduler(12, 12, caching, False)
-        a = list(range(8))
-        trace = [step(s, [group(1, a, 4)])]
-        # X is exactly A's prompt; Y is 12 fresh tokens.
-        trace.append(step(s, [group(2, a, 4), group(3, range(40, 52), 4)]))
-        trace.append(step(s))
-        trace.append(step(s))
-        # B: 8 cached + 4 new; C: 4 cached + 8 new; D: 8 cached + 1 new.
-        trace.append(step(s, [group(4, a + [20, 21, 22, 23], 4),
-                              group(5, a[:4] + list(range(30, 38)), 4),
-                              group(6, a + [60], 4)]))
-        trace.append(step(s))
-        rows["caching" if caching else "plain"] = trace
-
-    s = make_scheduler(8, 64, True, True)
-    a = list(range(100, 116))
-    trace = [step(s, [group(1, a, 4)])]
-    trace.append(step(s, [group(2, a[:8] + [1, 2, 3, 4], 4)]))
-    trace.append(step(s, [group(3, a[:4] + list(range(60, 72)), 4)]))
-    trace.append(step(s))
-    rows["chunked"] = trace
-    return rows
-
-
-def attention_free(args):
-    s = make_scheduler(64, 64, False, False, attention_free=True)
-    seq, g = group(1, range(10), 4)
-    trace = [step(s, [(seq, g), group(2, range(20), 4)])]
-    trace.append(step(s))
-    return {"manager": type(s.block_manager).__name__,
-            "cached": s.block_manager.get_num_cached_tokens(seq),
-            "trace": trace}
-
-
-results = {}
-for name in ("lookup", "tracking", "budget", "attention_free"):
-    try:
-        results[name] = {"ok": True, "value": globals()[name](ARGS)}
-    except Exception:
-        results[name] = {"ok": False, "error": traceback.format_exc()}
-emit(**results)
+traces = {}
+for name, c in ARGS["configs"].items():
+    s = make_scheduler(c)
+    traces[name] = [step(s, add, token) for add, token in zip(c["steps"], c["tokens"])]
+    if c["attention_free"]:
+        traces[name + "_manager"] = type(s.block_manager).__name__
+emit(**traces)
 """
 
 
-@functools.lru_cache(maxsize=None)
-def _results():
-    return run(_DRIVER, {})
-
-
-def _scenario(name):
-    r = _results()[name]
-    if not r["ok"]:
-        raise AssertionError("the code under test raised:\n" + r["error"][-6000:])
-    return r["value"]
+def _tokens(rng, n, lo=0, hi=30000):
+    return [int(t) for t in rng.integers(lo, hi, size=n)]
 
 
 def test_find_cached_blocks_prefix_contract():
-    r = _scenario("lookup")
-    # A: 4 computed blocks; B shares A's first 2 and holds 2 allocated, uncomputed blocks.
-    assert r["a_all"] == [0, 1, 2, 3], f"all of A is cached and computed: got positions {r['a_all']}"
-    assert r["b_uncomputed"] == [0, 1], (
-        f"only B's first 2 blocks are computed: got positions {r['b_uncomputed']} "
-        "(the result must be the leading hashes themselves, in order)")
-    assert r["free_unchanged"] and r["free_unchanged_after_free"], "a lookup changed the free block count"
-    assert r["a_after_free"] == [0, 1, 2, 3], (
-        f"freed (evictable) computed blocks still count as cached: got {r['a_after_free']}")
-    assert r["a_prefix_only"] == [0, 1, 2], f"a 3-hash query: got {r['a_prefix_only']}"
-    assert r["unknown"] == [] and r["empty"] == [], "hashes nobody cached must give an empty prefix"
-    assert r["b_computed"] == [0, 1, 2, 3], f"after marking computed, all of B: got {r['b_computed']}"
-    assert r["a_after_eviction"] == [0, 1], (
-        f"A's unshared tail was evicted; its shared head is held by B: got {r['a_after_eviction']}")
-    assert r["device_default"] == [0, 1, 2] and r["device_gpu"] == [0, 1, 2], (
-        f"CpuGpuBlockAllocator looks on the GPU by default: got {r['device_default']}, {r['device_gpu']}")
-    assert r["device_cpu"] == [], f"nothing is cached on the CPU allocator: got {r['device_cpu']}"
-    assert r["naive"] == [], f"a naive allocator caches nothing: got {r['naive']}"
+    rng = fresh()
+    bs = int(rng.integers(1, 9))
+    n_a = int(rng.integers(3, 11))
+    k = int(rng.integers(1, n_a))       # blocks B shares with A
+    m = int(rng.integers(1, 6))         # B's own blocks
+    num_blocks = n_a + m + int(rng.integers(2, 16))
+    a = _tokens(rng, n_a * bs)
+    b = a[:k * bs] + _tokens(rng, m * bs, 30000, 60000)
+    hashless = num_blocks - n_a - m
+    evicted = int(rng.integers(1, n_a - k + 1))
+    args = {
+        "block_size": bs, "num_blocks": num_blocks, "a": a, "b": b,
+        "qa": int(rng.integers(1, n_a + 1)), "qb": int(rng.integers(1, n_a + 1)),
+        "unknown": [int(x) for x in rng.integers(1, 1 << 62, size=int(rng.integers(1, 5)))],
+        "take": hashless + evicted,
+        "gpu_blocks": 0, "cpu_blocks": 0, "d": [], "qd": 0,
+    }
+    n_d = int(rng.integers(1, 9))
+    args.update(gpu_blocks=n_d + int(rng.integers(1, 8)), cpu_blocks=n_d + int(rng.integers(1, 8)),
+                d=_tokens(rng, n_d * bs, 60000, 90000), qd=int(rng.integers(1, n_d + 1)))
+    r = run(_LOOKUP, args)
+    where = (f"block size {bs}, {num_blocks} blocks: A is {n_a} computed blocks, B shares A's first "
+             f"{k} and holds {m} uncomputed blocks of its own")
+    want = {
+        "a_part": list(range(args["qa"])),
+        "b_uncomputed": list(range(k)),
+        "a_after_free": list(range(n_a)),          # freed (evictable) computed blocks count
+        "a_prefix_after_free": list(range(args["qb"])),
+        "unknown": [],
+        "b_computed": list(range(k + m)),
+        "a_after_some_eviction": list(range(n_a - evicted)),
+        "a_after_eviction": list(range(k)),        # A's unshared tail is gone; B holds its head
+        "device_default": list(range(args["qd"])),
+        "device_gpu": list(range(n_d)),
+        "device_cpu": [],
+        "naive": [],
+    }
+    for key, w in want.items():
+        assert r[key] == w, (
+            f"{where}: {key}: positions {r[key]} of the queried hashes, want {w} (the result is the "
+            f"leading hashes themselves whose blocks are cached and computed)")
+    # Lookups change no free count: the counts are those of the allocations and frees alone.
+    want_free = [hashless, hashless + n_a - k, hashless + n_a - k, n_a - k - evicted, 0]
+    assert r["free"] == want_free, f"{where}: free blocks {r['free']} along the scenario, want {want_free}"
 
 
 def test_cached_token_count_follows_each_sequence():
-    r = _scenario("tracking")
+    rng = fresh()
+    bs = int(rng.integers(2, 9))
+    n1 = int(rng.integers(2 * bs, 6 * bs + 1))
+    s1 = _tokens(rng, n1)
+    k = int(rng.integers(1, n1 // bs + 1))
+    s2 = s1[:k * bs] + _tokens(rng, int(rng.integers(bs + 1, 4 * bs)), 30000, 40000)
+    n3 = int(rng.integers(2 * bs, 6 * bs + 1))
+    s3 = _tokens(rng, n3, 40000, 50000)
+    j = int(rng.choice([x for x in range(0, n3 // bs + 1) if x != k]))
+    s2b = s3[:j * bs] + _tokens(rng, int(rng.integers(1, 3 * bs)), 50000, 60000)
+    args = {"block_size": bs, "num_blocks": int(rng.integers(64, 129)), "s1": s1,
+            "s1_decode": _tokens(rng, int(rng.integers(1, 2 * bs + 1)), 60000, 70000),
+            "s2": s2, "s3": s3, "s3_chunk": int(rng.integers(1, n3)), "s2b": s2b}
+    r = run(_TRACKING, args)
     want = {
-        "s1_first": 0,          # nothing cached yet
-        "s1_computed": 10,
-        "s1_decode": 8,         # 2 full computed blocks; the partial third does not count
-        "s2_first": 8,          # S2 shares S1's 2 full blocks
-        "s2_again": 8,          # still in prefill: the first answer stands
+        "s1_first": 0,                       # nothing cached yet
+        "s1_computed": n1,
+        "s1_decode": n1 // bs * bs,          # full computed blocks only; recomputed in decode
+        "s2_first": k * bs,                  # S2 shares S1's first k blocks
+        "s2_again": k * bs,                  # still in prefill: the first answer stands
         "s3_first": 0,
-        "s3_prefill_again": 0,  # one chunk ran, still in prefill: unchanged
-        "s3_after_recompute": 12,  # preempted and freed: its 3 computed blocks are cached now
-        "reused_id": 0,         # a freed id carries nothing over to new tokens
+        "s3_prefill_again": 0,               # one chunk ran, still in prefill: unchanged
+        "s3_after_recompute": n3 // bs * bs,  # preempted and freed: its computed blocks are cached
+        "reused_id": j * bs,                 # a freed id carries nothing over to new tokens
         "no_caching_first": 0,
         "no_caching_shared": 0,
     }
-    bad = [f"{k}: got {r.get(k)}, want {v}" for k, v in want.items() if r.get(k) != v]
-    assert not bad, "\n".join(bad)
+    where = (f"block size {bs}: S1 {n1} tokens, S2 {len(s2)} sharing {k} blocks, S3 {n3} tokens "
+             f"with a first chunk of {args['s3_chunk']}, id 2 reused for {len(s2b)} tokens sharing "
+             f"{j} blocks of S3")
+    bad = [f"{key}: got {r.get(key)}, want {v}" for key, v in want.items() if r.get(key) != v]
+    assert not bad, where + ":\n" + "\n".join(bad)
 
 
-def _budget_want():
-    # Block size 4, token budget 12, no chunking. A (8 tokens) is prefilled alone; X is exactly
-    # A's prompt (all cached but its last token must be recomputed: 1 token of budget); Y is 12
-    # fresh tokens and does not fit beside X (1 + 12 > 12). Prefills go before decodes.
-    # token_chunk_size and num_batched_tokens count cached and uncached tokens alike.
-    caching = [
-        {"scheduled": [["1", 8, 0]], "num_batched_tokens": 8},
-        {"scheduled": [["2", 8, 2]], "num_batched_tokens": 8},
-        {"scheduled": [["3", 12, 0]], "num_batched_tokens": 12},
-        {"scheduled": [["1", 1, 2], ["2", 1, 2], ["3", 1, 3]], "num_batched_tokens": 3},
-        # B costs 4, C costs 8: both fit; D (1 new token) no longer does.
-        {"scheduled": [["4", 12, 2], ["5", 12, 1]], "num_batched_tokens": 24},
-        {"scheduled": [["6", 9, 2]], "num_batched_tokens": 9},
-    ]
-    plain = [
-        {"scheduled": [["1", 8, 0]], "num_batched_tokens": 8},
-        {"scheduled": [["2", 8, 0]], "num_batched_tokens": 8},
-        {"scheduled": [["3", 12, 0]], "num_batched_tokens": 12},
-        {"scheduled": [["1", 1, 0], ["2", 1, 0], ["3", 1, 0]], "num_batched_tokens": 3},
-        {"scheduled": [["4", 12, 0]], "num_batched_tokens": 12},
-        {"scheduled": [["5", 12, 0]], "num_batched_tokens": 12},
-    ]
-    # Chunked prefill, budget 8, block size 4: decodes first, then new prefills whose uncached
-    # part is cut to the remaining budget rounded down to whole blocks.
-    chunked = [
-        {"scheduled": [["1", 8, 0]], "num_batched_tokens": 8},
-        # A's second chunk fills the budget: no new prefill starts beside it.
-        {"scheduled": [["1", 8, 0]], "num_batched_tokens": 8},
-        # A decodes (1); B: 8 cached + 4 new (7 left -> 4); C: 4 cached, 3 left -> 0 blocks.
-        {"scheduled": [["2", 12, 2], ["1", 1, 4]], "num_batched_tokens": 13},
-        # A and B decode (2); C: 4 cached + 12 new, 6 left -> 4.
-        {"scheduled": [["3", 8, 1], ["1", 1, 4], ["2", 1, 3]], "num_batched_tokens": 10},
-    ]
-    return {"caching": caching, "plain": plain, "chunked": chunked}
+def _budget_configs(rng):
+    """Three schedulers over random prompts: prefix caching with and without chunking, and the
+    same unchunked scenario without prefix caching."""
+    bs = int(rng.choice([2, 4, 8]))
+    kb = int(rng.integers(max(3, -(-8 // bs)), 7))
+    budget = bs * kb
+    steps_n = int(rng.integers(6, 10))
+    next_id = [1]
+
+    def new_id():
+        next_id[0] += 1
+        return next_id[0]
+
+    def scenario(max_len, binding):
+        prompts, steps = [], [[] for _ in range(steps_n)]
+        # Step 1: one prompt of whole blocks, alone.
+        p0 = _tokens(rng, bs * int(rng.integers(1, min(kb, max_len // bs) + 1)))
+        prompts.append(p0)
+        steps[0].append([new_id(), p0])
+        start = 1
+        if binding:
+            # Step 2: an exact copy of it (fully cached: costs 1) and a fresh prompt as long as the
+            # budget, which must not fit beside it.
+            steps[1] += [[new_id(), list(p0)], [new_id(), _tokens(rng, budget, 30000, 40000)]]
+            start = 2
+        for s in range(start, steps_n):
+            for _ in range(int(rng.integers(0, 3))):
+                how = int(rng.integers(3))
+                base = prompts[int(rng.integers(len(prompts)))]
+                if how == 0:
+                    p = _tokens(rng, int(rng.integers(1, max_len + 1)), 40000, 60000)
+                elif how == 1:
+                    p = list(base)
+                else:
+                    keep = bs * int(rng.integers(0, len(base) // bs + 1))
+                    p = base[:keep] + _tokens(rng, int(rng.integers(1, max(2, max_len - keep + 1))), 60000, 80000)
+                p = p[:max_len]
+                prompts.append(p)
+                steps[s].append([new_id(), p])
+        return steps
+
+    def config(chunked, caching, max_len, steps):
+        return {"block_size": bs, "budget": budget, "max_len": max_len, "chunked": chunked,
+                "caching": caching, "attention_free": False,
+                "gpu_blocks": 9 * (-(-(max_len + steps_n + 2) // bs)) + int(rng.integers(8, 32)),
+                "steps": steps, "tokens": _tokens(rng, steps_n, 90000, 100000)}
+
+    plain_steps = scenario(budget, True)
+    long_len = budget * int(rng.integers(2, 5))
+    return {
+        "caching": config(False, True, budget, plain_steps),
+        "plain": config(False, False, budget, plain_steps),
+        "chunked": config(True, True, long_len, scenario(long_len, False)),
+    }
 
 
 def test_prefills_admitted_by_uncached_tokens():
-    got = _scenario("budget")
-    bad = []
-    for name, want in _budget_want().items():
-        for i, (g, w) in enumerate(zip(got[name], want)):
-            if g != w:
-                bad.append(f"{name} step {i + 1}: got {g}, want {w}")
-    assert not bad, "\n".join(bad)
+    rng = fresh()
+    args = {"configs": _budget_configs(rng)}
+    got = run(_SCHED, args)
+    want = reference(_SCHED, args, env=_ENV)
+    for name in ("caching", "plain", "chunked"):
+        c = args["configs"][name]
+        assert len(got[name]) == len(c["steps"]), f"{name}: one row per step"
+        for i, (g, w) in enumerate(zip(got[name], want[name])):
+            assert g == w, (
+                f"{name} (block size {c['block_size']}, budget {c['budget']}, max_model_len "
+                f"{c['max_len']}) step {i + 1}, adding prompts of "
+                f"{[len(p) for _, p in c['steps'][i]]} tokens: scheduled {g}, want {w} "
+                f"([request, token_chunk_size, computed blocks] and num_batched_tokens)")
+    same(got, want)
 
 
 def test_attention_free_scheduler_runs():
-    r = _scenario("attention_free")
-    assert r["manager"] == "PlaceholderBlockSpaceManager"
-    assert r["cached"] == 0, f"the placeholder manager caches nothing: got {r['cached']}"
-    assert r["trace"][0] == {"scheduled": [["1", 10, 0], ["2", 20, 0]], "num_batched_tokens": 30}, r["trace"]
-    assert r["trace"][1] == {"scheduled": [["1", 1, 0], ["2", 1, 0]], "num_batched_tokens": 2}, r["trace"]
+    rng = fresh()
+    bs = int(rng.choice([4, 8, 16]))
+    max_len = int(rng.integers(32, 129))
+    n_steps = int(rng.integers(2, 6))
+    steps, sid = [], 1
+    for s in range(n_steps):
+        add = []
+        for _ in range(int(rng.integers(1 if s == 0 else 0, 4))):
+            add.append([sid, _tokens(rng, int(rng.integers(1, max_len + 1)))])
+            sid += 1
+        steps.append(add)
+    args = {"configs": {"free": {
+        "block_size": bs, "budget": max_len * 4, "max_len": max_len, "chunked": False,
+        "caching": False, "attention_free": True, "gpu_blocks": 64, "steps": steps,
+        "tokens": _tokens(rng, n_steps, 90000, 100000)}}}
+    got = run(_SCHED, args)
+    assert got["free_manager"] == "PlaceholderBlockSpaceManager", got["free_manager"]
+    want = reference(_SCHED, args, env=_ENV)
+    assert got["free"] == want["free"], (
+        f"attention-free scheduler over prompts {[[len(p) for _, p in a] for a in steps]}: "
+        f"scheduled {got['free']}, want {want['free']}")
+    # The first step admits every first prompt whole (nothing is cached for such a model).
+    assert got["free"][0]["scheduled"] == [[str(i), len(p), 0] for i, p in steps[0]], got["free"][0]

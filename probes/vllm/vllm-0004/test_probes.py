@@ -1,25 +1,20 @@
 """Hidden probes for vllm-0004 (KV-cache slots for EAGLE lookahead tokens).
 
-The judge never imports vllm. One child process drives the V1 KV cache manager and
-scheduler through every scenario (each in its own try block, so one failing scenario does not
-hide the others) and sends back block counts; each probe checks its scenario against what
-the judge computes itself from the instruction's contract."""
+The judge never imports vllm. Every probe draws its scenario fresh (block sizes, pool sizes,
+prompt lengths, lookahead counts around the pool's limit, preallocation sizes, decode lengths,
+speculative methods and token counts, sampled token ids), runs a driver over the submission in a
+child process, and checks the block counts that come back against what the judge computes
+itself from the instruction's contract."""
 
-import functools
+from infradev_probe import fresh, run
 
-from infradev_probe import run
-
-_DRIVER = """
-import traceback
+_PRELUDE = r"""
 import types
 
 import torch
-from vllm.config import CacheConfig, SchedulerConfig
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.kv_cache_manager import KVCacheManager
-from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
 
@@ -32,106 +27,86 @@ def config(block_size, num_blocks):
 
 
 def request(rid, tokens):
-    return Request(request_id=rid, prompt=None, prompt_token_ids=list(tokens),
+    return Request(request_id=rid, prompt=None, prompt_token_ids=[int(t) for t in tokens],
                    multi_modal_inputs=None, multi_modal_hashes=None,
                    multi_modal_placeholders=None,
-                   sampling_params=SamplingParams(max_tokens=1000), eos_token_id=None,
+                   sampling_params=SamplingParams(max_tokens=100000), eos_token_id=None,
                    arrival_time=0, lora_request=None)
 
 
-def held(manager, req):
-    return len(manager.req_to_blocks[req.request_id])
+def manager(c):
+    return KVCacheManager(kv_cache_config=config(c["block_size"], c["num_blocks"]),
+                          max_model_len=c["max_len"], enable_caching=True,
+                          num_preallocate_tokens=c["prealloc"])
 
 
-def needs_room(args):
-    # 1 + 6 blocks of 4 slots (block 0 is the null block).
-    results = []
-    for k in args["lookaheads"]:
-        m = KVCacheManager(kv_cache_config=config(4, 7), max_model_len=1024,
-                           enable_caching=True, num_preallocate_tokens=0)
-        free0 = m.block_pool.get_num_free_blocks()
-        req = request("r", range(11))
-        blocks = m.allocate_slots(req, 11, num_lookahead_tokens=k)
-        results.append({
-            "k": k,
-            "none": blocks is None,
-            "new": None if blocks is None else len(blocks),
-            "held": held(m, req),
-            "free_before": free0,
-            "free_after": m.block_pool.get_num_free_blocks(),
-        })
-    return results
+def held(m, req):
+    return len(m.req_to_blocks[req.request_id])
+"""
 
+_ALLOC = _PRELUDE + r"""
+rows = []
+for c in ARGS["cases"]:
+    m = manager(c)
+    req = request("r", c["prompt"])
+    blocks = m.allocate_slots(req, len(c["prompt"]), num_lookahead_tokens=c["lookahead"])
+    rows.append({"new": None if blocks is None else len(blocks), "held": held(m, req),
+                 "free": int(m.block_pool.get_num_free_blocks())})
+emit(rows=rows)
+"""
 
-def preallocation(args):
-    got = []
-    for block_size, prealloc, n, k in args["cases"]:
-        m = KVCacheManager(kv_cache_config=config(block_size, 200), max_model_len=4096,
-                           enable_caching=True, num_preallocate_tokens=prealloc)
-        req = request("r", range(n))
-        blocks = m.allocate_slots(req, n, num_lookahead_tokens=k)
-        got.append(-1 if blocks is None else len(blocks))
-    return got
+_DECODE = _PRELUDE + r"""
+rows = []
+for c in ARGS["settings"]:
+    m = manager(c)
+    k = c["lookahead"]
+    req = request("r", c["prompt"])
+    assert m.allocate_slots(req, len(c["prompt"]), num_lookahead_tokens=k) is not None
+    req.num_computed_tokens = len(c["prompt"])
+    trace = [held(m, req)]
+    for t in c["decode"]:
+        req.append_output_token_ids(int(t))
+        assert m.allocate_slots(req, 1, num_lookahead_tokens=k) is not None, "allocate_slots refused"
+        req.num_computed_tokens += 1
+        trace.append(held(m, req))
+    free_before = int(m.block_pool.get_num_free_blocks())
+    m.free(req)
+    rows.append({"trace": trace, "free_before": free_before,
+                 "free_after": int(m.block_pool.get_num_free_blocks())})
+emit(rows=rows)
+"""
 
+_SCHEDULER = _PRELUDE + r"""
+from vllm.config import CacheConfig, SchedulerConfig
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import ModelRunnerOutput
 
-def decode(args):
-    rows = []
-    for prealloc, k in args["settings"]:
-        m = KVCacheManager(kv_cache_config=config(4, 64), max_model_len=4096,
-                           enable_caching=True, num_preallocate_tokens=prealloc)
-        total = m.block_pool.get_num_free_blocks()
-        req = request("r", range(6))
-        assert m.allocate_slots(req, 6, num_lookahead_tokens=k) is not None
-        req.num_computed_tokens = 6
-        trace = [held(m, req)]
-        for step in range(40):
-            req.append_output_token_ids(1000 + step)
-            assert m.allocate_slots(req, 1, num_lookahead_tokens=k) is not None
-            req.num_computed_tokens += 1
-            trace.append(held(m, req))
-        in_use = total - m.block_pool.get_num_free_blocks()
-        m.free(req)
-        rows.append({"prealloc": prealloc, "k": k, "trace": trace, "in_use": in_use,
-                     "free_after": m.block_pool.get_num_free_blocks(), "total": total})
-    return rows
-
-
-def scheduler(args):
-    rows = []
-    for method, k in args["specs"]:
-        spec = None if method is None else types.SimpleNamespace(method=method, num_speculative_tokens=k)
-        s = Scheduler(
-            scheduler_config=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=8192,
-                                             max_model_len=8192),
-            model_config=types.SimpleNamespace(is_multimodal_model=False),
-            cache_config=CacheConfig(block_size=16, gpu_memory_utilization=0.9, swap_space=0,
-                                     cache_dtype="auto", enable_prefix_caching=True),
-            lora_config=None,
-            kv_cache_config=config(16, 400),
-            structured_output_manager=types.SimpleNamespace(grammar_bitmask=lambda *a, **kw: None),
-            speculative_config=spec,
-        )
-        req = request("r0", range(16))
-        s.add_request(req)
-        held_by_step = []
-        for step in range(3):
-            out = s.schedule()
-            held_by_step.append(len(s.kv_cache_manager.req_to_blocks["r0"]))
-            s.update_from_output(out, ModelRunnerOutput(
-                req_ids=["r0"], req_id_to_index={"r0": 0}, sampled_token_ids=[[7 + step]],
-                spec_token_ids=None, logprobs=None, prompt_logprobs_dict={}))
-        rows.append({"method": method, "k": k, "lookahead": s.num_lookahead_tokens,
-                     "held": held_by_step})
-    return rows
-
-
-results = {}
-for name in ("needs_room", "preallocation", "decode", "scheduler"):
-    try:
-        results[name] = {"ok": True, "value": globals()[name](ARGS[name])}
-    except Exception:
-        results[name] = {"ok": False, "error": traceback.format_exc()}
-emit(**results)
+rows = []
+for c in ARGS["specs"]:
+    spec = None if c["method"] is None else types.SimpleNamespace(
+        method=c["method"], num_speculative_tokens=c["k"])
+    s = Scheduler(
+        scheduler_config=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=8192,
+                                         max_model_len=8192),
+        model_config=types.SimpleNamespace(is_multimodal_model=False),
+        cache_config=CacheConfig(block_size=c["block_size"], gpu_memory_utilization=0.9,
+                                 swap_space=0, cache_dtype="auto", enable_prefix_caching=True),
+        lora_config=None,
+        kv_cache_config=config(c["block_size"], c["num_blocks"]),
+        structured_output_manager=types.SimpleNamespace(grammar_bitmask=lambda *a, **kw: None),
+        speculative_config=spec,
+    )
+    req = request("r0", c["prompt"])
+    s.add_request(req)
+    held_by_step = []
+    for t in c["sampled"]:
+        out = s.schedule()
+        held_by_step.append(len(s.kv_cache_manager.req_to_blocks["r0"]))
+        s.update_from_output(out, ModelRunnerOutput(
+            req_ids=["r0"], req_id_to_index={"r0": 0}, sampled_token_ids=[[int(t)]],
+            spec_token_ids=None, logprobs=None, prompt_logprobs_dict={}))
+    rows.append({"lookahead": s.num_lookahead_tokens, "held": held_by_step})
+emit(rows=rows)
 """
 
 
@@ -139,98 +114,142 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
-def _prealloc_cases():
-    cases = []
-    for block_size in (4, 16):
-        for prealloc in (0, block_size, 3 * block_size):
-            for n in (1, 3, block_size, 2 * block_size + 1):
-                for k in (0, 1, block_size - 1, block_size, 2 * block_size, 5 * block_size + 2):
-                    cases.append([block_size, prealloc, n, k])
-    return cases
+def _tokens(rng, n, lo=0, hi=30000):
+    return [int(t) for t in rng.integers(lo, hi, size=n)]
 
 
-_ARGS = {
-    "needs_room": {"lookaheads": [0, 4, 13, 14, 20]},
-    "preallocation": {"cases": _prealloc_cases()},
-    "decode": {"settings": [[0, 3], [0, 5], [0, 8], [8, 3], [8, 4], [8, 9]]},
-    "scheduler": {"specs": [[None, 0], ["eagle", 2], ["eagle", 64], ["ngram", 64]]},
-}
+def _fresh_alloc(c):
+    """What a fresh request's allocate_slots(prompt, lookahead) gives: (new blocks or None,
+    blocks held, free blocks after)."""
+    bs, free = c["block_size"], c["num_blocks"] - 1
+    n, k = len(c["prompt"]), c["lookahead"]
+    need = _cdiv(n + k, bs)
+    if need > free:
+        return None, 0, free
+    extra = max(0, _cdiv(c["prealloc"], bs) - k // bs)
+    new = min(need + extra, free, _cdiv(c["max_len"], bs))
+    return new, new, free - new
 
 
-@functools.lru_cache(maxsize=None)
-def _results():
-    return run(_DRIVER, _ARGS)
-
-
-def _scenario(name):
-    r = _results()[name]
-    if not r["ok"]:
-        raise AssertionError("the code under test raised:\n" + r["error"][-6000:])
-    return r["value"]
+def _check_alloc(cases, rows, what):
+    assert len(rows) == len(cases), "the driver returned a row per case"
+    bad = []
+    for c, r in zip(cases, rows):
+        new, held, free = _fresh_alloc(c)
+        want = {"new": new, "held": held, "free": free}
+        if r != want:
+            bad.append(f"block size {c['block_size']}, pool of {c['num_blocks']}, preallocate "
+                       f"{c['prealloc']} tokens, {len(c['prompt'])} tokens + {c['lookahead']} "
+                       f"lookahead: got {r}, want {want}")
+    assert not bad, f"{len(bad)} of {len(cases)} {what}:\n" + "\n".join(bad[:8])
 
 
 def test_lookahead_needs_room_in_the_pool():
-    # An 11-token prompt needs 3 blocks of 4; with k lookahead slots, ceil((11 + k) / 4).
-    for r in _scenario("needs_room"):
-        k, need, free = r["k"], _cdiv(11 + r["k"], 4), r["free_before"]
-        if need <= free:
-            assert not r["none"], f"lookahead {k}: {need} blocks fit in {free} free blocks, but allocate_slots refused"
-            assert r["new"] == need and r["held"] == need, (
-                f"lookahead {k}: want {need} blocks, got {r['new']} new, {r['held']} held")
-            assert r["free_after"] == free - need
-        else:
-            assert r["none"], (f"lookahead {k}: {need} blocks do not fit in {free} free blocks, "
-                               f"but allocate_slots returned {r['new']} blocks")
-            assert r["held"] == 0 and r["free_after"] == free, (
-                f"lookahead {k}: a refused allocation must take nothing from the pool "
-                f"(held {r['held']}, free {r['free_after']} of {free})")
+    rng = fresh()
+    cases = []
+    for _ in range(3):
+        bs = int(rng.integers(2, 17))
+        num_blocks = int(rng.integers(4, 21))
+        free = num_blocks - 1
+        n = int(rng.integers(1, (free - 1) * bs + 1))
+        room = free * bs - n                   # the most lookahead slots that fit
+        prealloc = 0 if rng.random() < 0.5 else int(rng.integers(1, 4 * bs))
+        ks = [int(rng.integers(0, room + 1)), room, room + 1,
+              room + int(rng.integers(1, bs + 1)), room + int(rng.integers(bs, 4 * bs))]
+        for k in ks:
+            cases.append({"block_size": bs, "num_blocks": num_blocks, "max_len": 1 << 14,
+                          "prealloc": prealloc, "prompt": _tokens(rng, n), "lookahead": k})
+    cases = [cases[i] for i in rng.permutation(len(cases))]
+    got = run(_ALLOC, {"cases": cases})
+    _check_alloc(cases, got["rows"],
+                 "allocations wrong (a pool that cannot hold the tokens and the lookahead slots "
+                 "must refuse and take nothing)")
 
 
 def test_lookahead_larger_than_preallocation():
-    # Whole lookahead blocks come out of the preallocation, which never goes below zero: a
-    # request always gets at least the blocks its tokens and lookahead slots need.
-    bad = []
-    for (block_size, prealloc, n, k), got in zip(_ARGS["preallocation"]["cases"], _scenario("preallocation")):
-        need = _cdiv(n + k, block_size)
-        extra = max(0, _cdiv(prealloc, block_size) - k // block_size)
-        if got != need + extra:
-            bad.append(f"block_size={block_size} preallocate={prealloc} tokens={n} lookahead={k}: "
-                       f"{got} blocks, want {need} + {extra} preallocated")
-    assert not bad, "\n".join(bad[:10])
+    rng = fresh()
+    cases = []
+    for i in range(36):
+        bs = int(rng.integers(1, 17))
+        pre_blocks = int(rng.integers(1, 5)) if i < 12 else int(rng.integers(0, 5))
+        prealloc = max(0, pre_blocks * bs - int(rng.integers(0, bs)))
+        if i < 12:  # whole lookahead blocks beyond the preallocation
+            k = bs * (_cdiv(prealloc, bs) + int(rng.integers(1, 4))) + int(rng.integers(0, bs))
+        else:
+            k = int(rng.integers(0, 6 * bs + 3))
+        n = int(rng.integers(1, 4 * bs + 2))
+        need = _cdiv(n + k, bs) + _cdiv(prealloc, bs)
+        cases.append({"block_size": bs, "num_blocks": need + int(rng.integers(2, 20)),
+                      "max_len": 1 << 14, "prealloc": prealloc, "prompt": _tokens(rng, n),
+                      "lookahead": k})
+    cases = [cases[i] for i in rng.permutation(len(cases))]
+    got = run(_ALLOC, {"cases": cases})
+    _check_alloc(cases, got["rows"], "allocations wrong (want the blocks for the tokens and the "
+                 "lookahead plus the preallocation less whole lookahead blocks, never below zero)")
 
 
 def test_decode_keeps_lookahead_slots_without_growing():
-    # One token a step with k lookahead slots: the request always holds the slots for its
-    # tokens plus k, and takes new blocks only when those cross a block boundary.
-    for r in _scenario("decode"):
-        pre, k = _cdiv(r["prealloc"], 4), r["k"]
+    rng = fresh()
+    settings = []
+    for _ in range(6):
+        bs = int(rng.integers(2, 9))
+        k = int(rng.integers(1, 3 * bs + 1))
+        prealloc = 0 if rng.random() < 0.4 else int(rng.integers(1, 3 * bs + 1))
+        n = int(rng.integers(1, 3 * bs + 1))
+        steps = int(rng.integers(20, 51))
+        settings.append({"block_size": bs, "lookahead": k, "prealloc": prealloc,
+                         "num_blocks": _cdiv(n + steps + k, bs) + _cdiv(prealloc, bs) + int(rng.integers(2, 12)),
+                         "max_len": 1 << 14, "prompt": _tokens(rng, n),
+                         "decode": _tokens(rng, steps, 30000, 60000)})
+    got = run(_DECODE, {"settings": settings})
+    assert len(got["rows"]) == len(settings), "the driver returned a row per setting"
+    for c, r in zip(settings, got["rows"]):
+        bs, k, total = c["block_size"], c["lookahead"], c["num_blocks"] - 1
+        pre = _cdiv(c["prealloc"], bs)
+        n = len(c["prompt"])
         want, blocks = [], 0
-        for computed, n in [(0, 6)] + [(6 + s, 1) for s in range(40)]:
-            need = _cdiv(computed + n + k, 4)
+        for computed, new in [(0, n)] + [(n + s, 1) for s in range(len(c["decode"]))]:
+            need = _cdiv(computed + new + k, bs)
             if need > blocks:
-                blocks = need + max(0, pre - k // 4)
+                blocks = need + max(0, pre - k // bs)
             want.append(blocks)
-        assert r["trace"] == want, (
-            f"preallocate={r['prealloc']} lookahead={k}: blocks held per step {r['trace']}, want {want}")
-        assert r["in_use"] == want[-1], "the pool's used blocks differ from the request's block table"
-        assert r["free_after"] == r["total"], "freeing the request did not return every block"
+        where = (f"block size {bs}, preallocate {c['prealloc']} tokens, lookahead {k}, "
+                 f"{n}-token prompt then {len(c['decode'])} decode steps")
+        assert r["trace"] == want, f"{where}: blocks held per step {r['trace']}, want {want}"
+        assert r["free_before"] == total - want[-1], (
+            f"{where}: {total - r['free_before']} blocks in use, but the request holds {want[-1]}")
+        assert r["free_after"] == total, f"{where}: freeing the request left {total - r['free_after']} blocks in use"
 
 
 def test_eagle_scheduler_reserves_lookahead_slots():
-    # Only EAGLE proposers write KV cache for their draft tokens, so only they get lookahead
-    # slots when the scheduler schedules running requests.
-    for r in _scenario("scheduler"):
-        k = r["k"] if r["method"] == "eagle" else 0
-        assert r["lookahead"] == k, (
-            f"{r['method']} with {r['k']} speculative tokens: num_lookahead_tokens={r['lookahead']}, want {k}")
-        # The 16-token prompt is scheduled as a new request: 1 block and 4 preallocated (the
-        # default 64 tokens). Each later step schedules 1 token of the running request, whose
-        # tokens plus lookahead slots then need ceil((computed + 1 + k) / 16) blocks.
-        want, blocks = [5], 5
-        for computed in (16, 17):
-            need = _cdiv(computed + 1 + k, 16)
+    rng = fresh()
+    methods = [["eagle", int(rng.integers(1, 9))], ["eagle", int(rng.integers(100, 201))],
+               ["ngram", int(rng.integers(1, 131))], [None, 0]]
+    specs = []
+    for i in rng.permutation(len(methods)):
+        method, k = methods[i]
+        bs = int(rng.choice([4, 8, 16, 32]))
+        p = int(rng.integers(1, 4 * bs + 1))
+        steps = int(rng.integers(3, 7))
+        specs.append({"method": method, "k": k, "block_size": bs,
+                      "num_blocks": _cdiv(p + steps + k, bs) + _cdiv(64, bs) + int(rng.integers(4, 40)),
+                      "prompt": _tokens(rng, p), "sampled": _tokens(rng, steps, 30000, 60000)})
+    got = run(_SCHEDULER, {"specs": specs})
+    assert len(got["rows"]) == len(specs), "the driver returned a row per scheduler"
+    for c, r in zip(specs, got["rows"]):
+        k = c["k"] if c["method"] == "eagle" else 0
+        bs, p = c["block_size"], len(c["prompt"])
+        where = f"{c['method']} with {c['k']} speculative tokens, block size {bs}, {p}-token prompt"
+        assert r["lookahead"] == k, f"{where}: num_lookahead_tokens={r['lookahead']}, want {k}"
+        # The prompt is scheduled as a new request (no lookahead) with the default preallocation
+        # of 64 tokens; each later step schedules 1 token of the running request, whose tokens
+        # plus lookahead slots then need ceil((computed + 1 + k) / block_size) blocks.
+        pre = _cdiv(64, bs)
+        blocks = _cdiv(p, bs) + pre
+        want = [blocks]
+        for computed in range(p, p + len(c["sampled"]) - 1):
+            need = _cdiv(computed + 1 + k, bs)
             if need > blocks:
-                blocks = need + max(0, 4 - k // 16)
+                blocks = need + max(0, pre - k // bs)
             want.append(blocks)
-        assert r["held"] == want, (
-            f"{r['method']} with {r['k']} speculative tokens: blocks held per step {r['held']}, want {want}")
+        assert r["held"] == want, f"{where}: blocks held per step {r['held']}, want {want}"

@@ -192,7 +192,10 @@ func runDirect(ctx context.Context, g *globals, t *task.Task, ps *probe.Set, lay
 	for _, p := range ps.Probes {
 		ids = append(ids, path.Join("/tmp/probes", p.Test))
 	}
-	if err := chroot("cd " + t.Repo.Path + " && PYTHONPATH=/tmp/judge INFRADEV_REPO=" + t.Repo.Path + " python3 -m pytest -q -p no:cacheprovider --rootdir=/tmp/probes " + strings.Join(ids, " ")); err != nil {
+	// The repository holds gold and the official tests here: it is also the gold tree that
+	// reference children run over.
+	if err := chroot("cd " + t.Repo.Path + " && PYTHONPATH=/tmp/judge INFRADEV_REPO=" + t.Repo.Path + " INFRADEV_REFERENCE=" + t.Repo.Path +
+		" python3 -m pytest -q -p no:cacheprovider --rootdir=/tmp/probes " + strings.Join(ids, " ")); err != nil {
 		return 0, err
 	}
 	return time.Since(start), nil

@@ -134,7 +134,7 @@ func Tests(name string, raw Raw, want Expected) result.Phase {
 			p.Detail = join(p.Detail, "JUnit report is unreadable: "+err.Error())
 		}
 		asked := askedKeys(want)
-		for _, t := range allTests(suites) {
+		for _, t := range AllTests(suites) {
 			id := t.Classname + "::" + t.Name
 			if t.Status == junit.StatusPassed && !asked.has(t.Classname, t.Name) {
 				unasked = append(unasked, id)
@@ -478,11 +478,12 @@ func junitKey(id string) string {
 	return strings.Join(class, ".") + "::" + parts[len(parts)-1]
 }
 
-func allTests(suites []junit.Suite) []junit.Test {
+// AllTests is every test of a JUnit report, nested suites' included, in document order.
+func AllTests(suites []junit.Suite) []junit.Test {
 	var out []junit.Test
 	for _, s := range suites {
 		out = append(out, s.Tests...)
-		out = append(out, allTests(s.Suites)...)
+		out = append(out, AllTests(s.Suites)...)
 	}
 	return out
 }

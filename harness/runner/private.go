@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/infradev/infradev/harness/grade"
 	"github.com/joshdk/go-junit"
 )
 
@@ -51,7 +52,7 @@ func sanitizeJUnit(data []byte) ([]byte, error) {
 		Cases   []testcase `xml:"testcase"`
 	}
 	out := suite{Name: "probes"}
-	for _, t := range allTests(suites) {
+	for _, t := range grade.AllTests(suites) {
 		c := testcase{Classname: t.Classname, Name: t.Name, File: t.Properties["file"], Line: t.Properties["line"],
 			Time: fmt.Sprintf("%.3f", t.Duration.Seconds())}
 		kind := &failure{Message: failureKind(t.Message)}
@@ -86,15 +87,6 @@ func failureKind(msg string) string {
 		return name
 	}
 	return "failed"
-}
-
-func allTests(suites []junit.Suite) []junit.Test {
-	var out []junit.Test
-	for _, s := range suites {
-		out = append(out, s.Tests...)
-		out = append(out, allTests(s.Suites)...)
-	}
-	return out
 }
 
 // keepRecording moves what a recording probe phase's judge wrote (one folder per probe test,

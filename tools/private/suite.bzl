@@ -54,4 +54,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:347853ed166431e49ce46770d472097b994f6a95e2b92ef503e228c334de9ace"
+HARNESS_DIGEST = "sha256:d378e307af0470932345665a0832837f0eb545085ab012e4b11d62a7bea6a4e6"

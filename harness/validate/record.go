@@ -180,8 +180,9 @@ func (r *Record) Stale(t *task.Task, probesDir, environment string) (string, err
 
 // CheckRecord says what is wrong with the task's validation record against the task as it is
 // and its environment's locked manifest: none, stale, or a status its GPU needs do not allow
-// ("" when the record is current). A current record of the legacy schema is no problem but
-// comes back as a note ("" otherwise): it predates the forgery check.
+// ("" when the record is current). A current record that proves less than a full validation
+// does now (of the legacy schema, or cpu-pending) is no problem but comes back with a note
+// saying what it lacks ("" otherwise).
 func CheckRecord(t *task.Task, probesDir, environment string) (problem, note string, err error) {
 	rec, err := ReadRecord(probesDir)
 	if err != nil {

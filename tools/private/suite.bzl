@@ -54,4 +54,4 @@ TASKS = {
 }
 
 # Digest of harness/, go.mod and go.sum: a change rebuilds @infradev_tool.
-HARNESS_DIGEST = "sha256:d378e307af0470932345665a0832837f0eb545085ab012e4b11d62a7bea6a4e6"
+HARNESS_DIGEST = "sha256:4f0d85412b6983bd517e7ade74360889f44a240928793c76b6fc96c9fea45234"
